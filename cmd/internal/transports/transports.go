@@ -1,0 +1,8 @@
+// Package transports links every uct transport into the commands: importing
+// it registers each component (self, shm, tcp, ib) for its side effect, so
+// rdmanet-info and rdmanet-perf see the same set.
+package transports
+
+import (
+	_ "github.com/gouct/gouct/uct/self" // in-process loopback
+)
