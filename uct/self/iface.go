@@ -139,11 +139,14 @@ func (i *iface) enqueue(id uint8, fill func(buf []byte) int) (int, error) {
 	if slot.buf == nil {
 		slot.buf = make([]byte, segSize)
 	}
-	slot.id = id
-	slot.n = fill(slot.buf)
+	n := fill(slot.buf)
+	if n < 0 || n > segSize {
+		i.mu.Unlock()
+		return 0, fmt.Errorf("self: pack wrote %d bytes of %d: %w", n, segSize, uct.ErrMessageSize)
+	}
+	slot.id, slot.n = id, n
 	i.count++
 	i.queued.Store(int32(i.count))
-	n := slot.n
 	i.mu.Unlock()
 	i.w.Wake()
 	return n, nil
@@ -170,8 +173,9 @@ func (i *iface) Progress() int {
 		i.head = (i.head + 1) % queueLen
 		i.count--
 		i.queued.Store(int32(i.count))
-		waiters := i.waiters
-		if len(waiters) > 0 {
+		var waiters map[*ep]struct{}
+		if len(i.waiters) > 0 {
+			waiters = i.waiters
 			i.waiters = map[*ep]struct{}{}
 		}
 		i.mu.Unlock()
