@@ -1,0 +1,334 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"encoding/csv"
+	"encoding/json"
+	"encoding/xml"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/gouct/gouct/uct"
+	"go.uber.org/goleak"
+)
+
+// childEnv makes the test binary act as rdmanet-perf itself (the server
+// process of the two-process tests), with the arguments in the variable.
+const childEnv = "RDMANET_PERF_TEST_ARGS"
+
+func TestMain(m *testing.M) {
+	if a, ok := os.LookupEnv(childEnv); ok {
+		os.Exit(run(strings.Fields(a), os.Stdout, os.Stderr))
+	}
+	goleak.VerifyTestMain(m)
+}
+
+func runPerf(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	var out, errb bytes.Buffer
+	code := run(args, &out, &errb)
+	return out.String(), errb.String(), code
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"-bogus"}, {"-t", "nope", "h"}, {"-s", "12q", "h"}, {"-s", "2G", "h"}, {"-compare", "udp", "h"},
+		{"-csv", "-json", "h"}, {"-l", "h"}, {"a", "b"}, {"-n", "-5", "h"}, {"-p", "70000"}, {"-timeout", "0s", "h"},
+	} {
+		out, errs, code := runPerf(t, args...)
+		if code != 2 || out != "" || !strings.Contains(errs, "usage: rdmanet-perf") {
+			t.Errorf("%q: exit %d, stdout %q, stderr %q; want 2 and usage on stderr", args, code, out, errs)
+		}
+	}
+	if _, _, code := runPerf(t, "-h"); code != 0 {
+		t.Errorf("-h: exit %d, want 0", code)
+	}
+}
+
+func TestLoopbackJSONAndPlot(t *testing.T) {
+	svg := filepath.Join(t.TempDir(), "out.svg")
+	out, errs, code := runPerf(t, "-l", "-json", "-compare", "tcp", "-plot", svg, "-x", "self",
+		"-t", "am_lat,am_bw,put_bw,get_bw,stream_lat,stream_bw", "-s", "8,1k", "-n", "200", "-w", "10")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var doc Output
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if doc.Server != "loopback" || doc.Build.GoVersion == "" {
+		t.Errorf("header: server %q build %+v", doc.Server, doc.Build)
+	}
+	// 6 tests × 2 sizes, each with its Go TCP baseline.
+	if len(doc.Results) != 24 {
+		t.Fatalf("%d results, want 24", len(doc.Results))
+	}
+	for i, r := range doc.Results {
+		if r.Baseline != (i%2 == 1) {
+			t.Errorf("result %d: baseline=%v", i, r.Baseline)
+		}
+		if r.Skipped || r.Iterations != 200 || r.Warmup != 10 || r.LatAvg <= 0 || r.BW <= 0 || r.MsgRate <= 0 {
+			t.Errorf("result %d incomplete: %+v", i, r)
+		}
+		if isLat(r.Test) && !(r.LatP50 > 0 && r.LatP50 <= r.LatP99) {
+			t.Errorf("result %d: p50 %v p99 %v", i, r.LatP50, r.LatP99)
+		}
+		if !r.Baseline && r.VsTCP <= 0 {
+			t.Errorf("result %d: no ratio against tcp: %+v", i, r)
+		}
+		if r.Layer == "uct" && (r.Transport != "self/memory" || r.Method == "") {
+			t.Errorf("result %d: uct test on %q method %q, want self/memory", i, r.Transport, r.Method)
+		}
+		if r.Baseline && (r.Transport != "go-tcp" || r.Layer != "conn") {
+			t.Errorf("result %d: baseline on %q", i, r.Transport)
+		}
+	}
+	if r := doc.Results[0]; r.Test != "am_lat" || r.Method != "short" || r.Size != 8 {
+		t.Errorf("first result %+v, want am_lat 8 B short", r)
+	}
+	b, err := os.ReadFile(svg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := xml.NewDecoder(bytes.NewReader(b))
+	paths := 0
+	for {
+		tok, err := d.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("plot is not well-formed XML: %v", err)
+		}
+		if se, ok := tok.(xml.StartElement); ok && se.Name.Local == "path" {
+			paths++
+		}
+	}
+	// One line per (test, transport) and panel: 6 tests + 2 baselines, × 2 panels.
+	if paths != 16 {
+		t.Errorf("plot has %d lines, want 16", paths)
+	}
+}
+
+func TestLoopbackCSVAndSkips(t *testing.T) {
+	out, errs, code := runPerf(t, "-l", "-csv", "-x", "self", "-t", "am_lat", "-s", "64,1m", "-n", "100")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	rows, err := csv.NewReader(strings.NewReader(out)).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rows) != 3 || rows[0][0] != "test" || len(rows[0]) != 16 {
+		t.Fatalf("csv: %q", rows)
+	}
+	if rows[1][4] != "64" || rows[1][14] != "false" || rows[2][4] != "1048576" || rows[2][14] != "true" ||
+		!strings.Contains(rows[2][15], "max bcopy") {
+		t.Errorf("want 64 B measured and 1 MiB skipped (above max bcopy): %q", rows[1:])
+	}
+	// Nothing measurable is a failure, not an empty success.
+	if _, errs, code := runPerf(t, "-l", "-q", "-x", "self", "-t", "am_bw", "-s", "1m"); code != 1 || !strings.Contains(errs, "nothing measured") {
+		t.Errorf("all skipped: exit %d, %q", code, errs)
+	}
+	// A transport list that leaves nothing is an error.
+	if _, errs, code := runPerf(t, "-l", "-q", "-x", "nosuch", "-n", "10"); code != 1 || !strings.Contains(errs, "no transport") {
+		t.Errorf("-x nosuch: exit %d, %q", code, errs)
+	}
+}
+
+func TestTable(t *testing.T) {
+	out, errs, code := runPerf(t, "-l", "-x", "self", "-t", "am_lat,stream_lat", "-s", "8", "-n", "100", "-compare", "tcp")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	if !strings.HasPrefix(lines[0], "test") || !strings.Contains(lines[0], "p50 µs") || !strings.Contains(lines[0], "vs tcp") {
+		t.Fatalf("header: %q", lines[0])
+	}
+	if !strings.HasPrefix(lines[1], "am_lat") || !strings.HasPrefix(lines[2], "  stream_lat") || !strings.HasSuffix(lines[1], "x") {
+		t.Errorf("rows:\n%s", out)
+	}
+	if errs != "" {
+		t.Errorf("stderr not a terminal, yet: %q", errs)
+	}
+}
+
+func TestProfiles(t *testing.T) {
+	dir := t.TempDir()
+	cpu, mem := filepath.Join(dir, "cpu.pprof"), filepath.Join(dir, "mem.pprof")
+	if _, errs, code := runPerf(t, "-l", "-q", "-x", "self", "-n", "100", "-cpuprofile", cpu, "-memprofile", mem); code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	for _, f := range []string{cpu, mem} {
+		if st, err := os.Stat(f); err != nil || st.Size() == 0 {
+			t.Errorf("profile %s: %v", f, err)
+		}
+	}
+}
+
+// startServer runs rdmanet-perf -p 0 as a separate process and returns the
+// address it listens on.
+func startServer(t *testing.T, args ...string) (string, *exec.Cmd, *bytes.Buffer) {
+	t.Helper()
+	cmd := exec.Command(os.Args[0])
+	cmd.Env = append(os.Environ(), childEnv+"="+strings.Join(append([]string{"-p", "0"}, args...), " "))
+	var errb bytes.Buffer
+	cmd.Stderr = &errb
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { cmd.Process.Kill(); cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("server: %v (%s)", err, errb.String())
+	}
+	const prefix = "rdmanet-perf: server listening on "
+	if !strings.HasPrefix(line, prefix) {
+		t.Fatalf("server said %q", line)
+	}
+	_, port, err := net.SplitHostPort(strings.TrimSpace(strings.TrimPrefix(line, prefix)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return port, cmd, &errb
+}
+
+// interProcess lists the registered transports that can reach another process.
+func interProcess() []string {
+	var out []string
+	for _, ci := range uct.Components() {
+		if ci.Err == nil && ci.Component.Name() != "self" {
+			out = append(out, ci.Component.Name())
+		}
+	}
+	return out
+}
+
+func TestTwoProcesses(t *testing.T) {
+	dir := t.TempDir()
+	cpu := filepath.Join(dir, "server-cpu.pprof")
+	port, srv, srvErr := startServer(t, "-cpuprofile", cpu)
+	out, errs, code := runPerf(t, "-p", port, "-json", "-t", "stream_lat,am_lat", "-s", "64", "-n", "300", "127.0.0.1")
+	tps := interProcess()
+	if len(tps) == 0 {
+		// Only the in-process self transport is built in: the uct test
+		// cannot reach another process and must say so.
+		if code != 1 || !strings.Contains(errs, "no common transport") {
+			t.Fatalf("self only: exit %d, stderr %q; want failure naming no common transport", code, errs)
+		}
+	} else if code != 0 {
+		t.Fatalf("exit %d: %s", code, errs)
+	}
+	var doc Output
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("not JSON: %v\n%s", err, out)
+	}
+	if len(doc.Results) == 0 || doc.Results[0].Test != "stream_lat" || doc.Results[0].LatP50 <= 0 {
+		t.Fatalf("stream_lat missing: %+v", doc.Results)
+	}
+	if len(tps) > 0 {
+		if len(doc.Results) != 2 {
+			t.Fatalf("results %+v", doc.Results)
+		}
+		r := doc.Results[1]
+		if r.Test != "am_lat" || r.LatP50 <= 0 || strings.HasPrefix(r.Transport, "self/") {
+			t.Fatalf("am_lat between processes: %+v (transports %v)", r, tps)
+		}
+		t.Logf("am_lat over %s: p50 %.2f µs; stream_lat over %s: p50 %.2f µs", r.Transport, r.LatP50,
+			doc.Results[0].Transport, doc.Results[0].LatP50)
+	}
+	// The server serves one session, then exits and writes its profile.
+	werr := make(chan error, 1)
+	go func() { werr <- srv.Wait() }()
+	select {
+	case err := <-werr:
+		var ee *exec.ExitError
+		if len(tps) > 0 && err != nil || err != nil && !errors.As(err, &ee) {
+			t.Fatalf("server: %v: %s", err, srvErr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("server did not exit after the session")
+	}
+	if st, err := os.Stat(cpu); err != nil || st.Size() == 0 {
+		t.Errorf("server cpu profile: %v", err)
+	}
+}
+
+// A hostile or broken client must not crash or wedge the server.
+func TestServerRejectsGarbage(t *testing.T) {
+	for name, payload := range map[string][]byte{
+		"huge frame":   {0xff, 0xff, 0xff, 0xff},
+		"bad json":     append([]byte{0, 0, 0, 3}, "{{{"...),
+		"bad version":  frame(&msg{Op: opHello, Version: 99}),
+		"wrong op":     frame(&msg{Op: opRun}),
+		"bad run":      append(frame(&msg{Op: opHello, Version: protoVersion}), frame(&msg{Op: opRun, Layer: "uct", Iters: -1})...),
+		"pick no open": append(frame(&msg{Op: opHello, Version: protoVersion}), frame(&msg{Op: opUCTPick, Index: 5})...),
+	} {
+		t.Run(name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			c := &command{stdout: io.Discard, stderr: io.Discard, timeout: 5 * time.Second}
+			done := make(chan error, 1)
+			go func() { done <- c.serve(ln, false) }()
+			conn, err := net.Dial("tcp", ln.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer conn.Close()
+			conn.Write(payload)
+			select {
+			case err := <-done:
+				if err == nil {
+					t.Fatal("server accepted garbage")
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatal("server wedged")
+			}
+		})
+	}
+}
+
+func frame(m *msg) []byte {
+	b, _ := json.Marshal(m)
+	return append(binary.BigEndian.AppendUint32(nil, uint32(len(b))), b...)
+}
+
+func TestStats(t *testing.T) {
+	s := make([]int64, 100)
+	for i := range s {
+		s[i] = int64(100-i) * 1000 // 100 µs … 1 µs, unsorted
+	}
+	r := Result{Size: 1000}
+	latResult(&r, s)
+	if r.LatP50 != 50 || r.LatP99 != 99 || r.LatAvg != 50.5 || r.BW != round3(1000/50.5) {
+		t.Errorf("got %+v", r)
+	}
+	r = Result{Size: 1 << 20, Iterations: 1000}
+	bwResult(&r, time.Second)
+	if r.BW != 1048.576 || r.MsgRate != 1000 || r.LatAvg != 1000 {
+		t.Errorf("got %+v", r)
+	}
+	a := Result{Test: "am_lat", LatP50: 2}
+	compare(&a, Result{LatP50: 30})
+	b := Result{Test: "am_bw", BW: 6000}
+	compare(&b, Result{BW: 3000})
+	if a.VsTCP != 15 || b.VsTCP != 2 {
+		t.Errorf("ratios %v %v", a.VsTCP, b.VsTCP)
+	}
+}

@@ -1,0 +1,414 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"runtime"
+	"sync/atomic"
+	"time"
+	"unsafe"
+
+	"github.com/gouct/gouct/uct"
+)
+
+// AM ids used by the uct tests.
+const (
+	amData = 1 // ping, pong, and stream messages
+	amAck  = 2 // am_bw: receiver has counted what it waited for
+)
+
+// uctSide is one process's half of a uct-level session: a worker, every
+// allowed iface, the one chosen with the peer, and an endpoint to the peer.
+// It is driven by one goroutine (the session's); AM handlers only count.
+type uctSide struct {
+	w    *uct.Worker
+	ifs  *uct.Ifaces
+	ti   *uct.TLIface
+	ep   uct.EP
+	recv atomic.Uint64 // amData messages received
+	acks atomic.Uint64 // amAck messages received
+
+	payload []byte // preallocated send payload, grown per step
+	packN   int    // bytes the pack function writes this step
+	pack    func(buf []byte) int
+	// progress, when non-nil, receives the iteration count every 256 iterations.
+	progress *atomic.Int64
+	progBase int64
+}
+
+// openUCT opens every iface that cfg allows on a new worker.
+func openUCT(cfg *uct.Config) (*uctSide, error) {
+	s := &uctSide{w: uct.NewWorker(cfg)}
+	s.ifs = uct.OpenIfaces(s.w, cfg, uct.IfaceParams{Config: cfg})
+	if len(s.ifs.List) == 0 {
+		err := fmt.Errorf("no transport available (RDMANET_TLS=%v): %w", cfg.TLS, errors.Join(s.ifs.Skipped...))
+		s.close()
+		return nil, err
+	}
+	s.pack = func(buf []byte) int { return copy(buf, s.payload[:s.packN]) }
+	return s, nil
+}
+
+func (s *uctSide) addrs() []addrMsg {
+	out := make([]addrMsg, 0, len(s.ifs.List))
+	for _, t := range s.ifs.List {
+		out = append(out, addrMsg{TL: t.Resource.TL, Device: t.Resource.Device,
+			DevAddr: t.Iface.DeviceAddress(), IfaceAddr: t.Iface.IfaceAddress(), Caps: uint64(t.Attr.Cap)})
+	}
+	return out
+}
+
+// use selects ti and installs the counting handlers.
+func (s *uctSide) use(ti *uct.TLIface) error {
+	s.ti = ti
+	if err := ti.Iface.SetAMHandler(amData, func([]byte) { s.recv.Add(1) }); err != nil {
+		return err
+	}
+	return ti.Iface.SetAMHandler(amAck, func([]byte) { s.acks.Add(1) })
+}
+
+// connectIface creates an endpoint to the peer's iface (connect-to-iface
+// transports) or an unconnected one (connect-to-EP: rc_verbs).
+func (s *uctSide) createEP(peer addrMsg) error {
+	p := uct.EPParams{}
+	if s.ti.Attr.Cap.Has(uct.CapConnectToIface) {
+		p = uct.EPParams{DevAddr: peer.DevAddr, IfaceAddr: peer.IfaceAddr}
+	} else if !s.ti.Attr.Cap.Has(uct.CapConnectToEP) {
+		return fmt.Errorf("%s connects neither to ifaces nor to endpoints", s.ti.Name())
+	}
+	ep, err := s.ti.Iface.CreateEP(p)
+	if err != nil {
+		return fmt.Errorf("create endpoint on %s: %w", s.ti.Name(), err)
+	}
+	s.ep = ep
+	return nil
+}
+
+func (s *uctSide) epToEP() bool { return !s.ti.Attr.Cap.Has(uct.CapConnectToIface) }
+
+func (s *uctSide) close() {
+	if s.ep != nil {
+		s.ep.Close()
+	}
+	if s.ifs != nil {
+		s.ifs.Close()
+	}
+	s.w.Close()
+}
+
+// prepare sizes the payload for one step.
+func (s *uctSide) prepare(size int) {
+	if cap(s.payload) < size {
+		s.payload = make([]byte, size)
+		for i := range s.payload {
+			s.payload[i] = byte(i)
+		}
+	}
+	s.payload = s.payload[:cap(s.payload)]
+	s.packN = size
+	s.recv.Store(0)
+	s.acks.Store(0)
+}
+
+// method is how a message of size bytes travels: AMShort when it fits
+// (size counts the 8-byte header), else AMBcopy. bw tests always use bcopy.
+func (s *uctSide) method(test string, size int) (string, error) {
+	a := s.ti.Attr
+	switch test {
+	case "am_lat":
+		if a.Cap.Has(uct.CapAMShort) && size <= a.MaxShort+8 {
+			return "short", nil
+		}
+		fallthrough
+	case "am_bw":
+		if a.Cap.Has(uct.CapAMBcopy) && size <= a.MaxBcopy {
+			return "bcopy", nil
+		}
+		return "", fmt.Errorf("%s: %d B exceeds %s's max bcopy (%d B)", test, size, s.ti.Name(), a.MaxBcopy)
+	case "put_bw":
+		if !a.Cap.Has(uct.CapPutZcopy) {
+			return "", fmt.Errorf("put_bw: %s: %w", s.ti.Name(), uct.NotSupported("put_zcopy"))
+		}
+		if a.MaxPut > 0 && size > a.MaxPut {
+			return "", fmt.Errorf("put_bw: %d B exceeds %s's max put (%d B)", size, s.ti.Name(), a.MaxPut)
+		}
+		return "zcopy", nil
+	case "get_bw":
+		if !a.Cap.Has(uct.CapGetZcopy) {
+			return "", fmt.Errorf("get_bw: %s: %w", s.ti.Name(), uct.NotSupported("get_zcopy"))
+		}
+		if a.MaxGet > 0 && size > a.MaxGet {
+			return "", fmt.Errorf("get_bw: %d B exceeds %s's max get (%d B)", size, s.ti.Name(), a.MaxGet)
+		}
+		return "zcopy", nil
+	}
+	return "", fmt.Errorf("unknown uct test %q", test)
+}
+
+var errStepTimeout = errors.New("step timed out (peer gone or stuck?)")
+
+// waitCount polls until *c >= target: the calling goroutine progresses the
+// worker itself (ucx_perftest's loop), yielding every 64 empty polls.
+func (s *uctSide) waitCount(c *atomic.Uint64, target uint64, deadline time.Time) error {
+	for i := 0; c.Load() < target; i++ {
+		s.w.TryProgress()
+		if i&63 == 63 {
+			runtime.Gosched()
+			if i&4095 == 4095 && time.Now().After(deadline) {
+				return errStepTimeout
+			}
+		}
+	}
+	return nil
+}
+
+// send sends one amData (or amAck) message of size bytes by method, retrying
+// with progress while the transport has no resources.
+func (s *uctSide) send(id uint8, method string, size int, seq uint64, deadline time.Time) error {
+	for i := 0; ; i++ {
+		var err error
+		if method == "short" {
+			n := max(size-8, 0)
+			err = s.ep.AMShort(id, seq, s.payload[:n])
+		} else {
+			_, err = s.ep.AMBcopy(id, s.pack)
+		}
+		if err == nil {
+			return nil
+		}
+		if !errors.Is(err, uct.ErrNoResource) {
+			return fmt.Errorf("send %d B (%s): %w", size, method, err)
+		}
+		s.w.TryProgress()
+		if i&63 == 63 {
+			runtime.Gosched()
+			if time.Now().After(deadline) {
+				return errStepTimeout
+			}
+		}
+	}
+}
+
+func (s *uctSide) tick(i int) {
+	if s.progress != nil && i&255 == 0 {
+		s.progress.Store(s.progBase + int64(i))
+	}
+}
+
+// clientLat runs am_lat's ping side; samples receive half round trips in ns.
+func (s *uctSide) clientLat(method string, size, warmup int, samples []int64, deadline time.Time) error {
+	total := warmup + len(samples)
+	for i := 0; i < total; i++ {
+		t0 := time.Now()
+		if err := s.send(amData, method, size, uint64(i), deadline); err != nil {
+			return err
+		}
+		if err := s.waitCount(&s.recv, uint64(i+1), deadline); err != nil {
+			return err
+		}
+		if i >= warmup {
+			samples[i-warmup] = int64(time.Since(t0)) / 2
+		}
+		s.tick(i)
+	}
+	return nil
+}
+
+// serverLat runs am_lat's pong side.
+func (s *uctSide) serverLat(method string, size, total int, deadline time.Time) error {
+	for i := 0; i < total; i++ {
+		if err := s.waitCount(&s.recv, uint64(i+1), deadline); err != nil {
+			return err
+		}
+		if err := s.send(amData, method, size, uint64(i), deadline); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// clientBW streams warmup messages, waits for the first ack, then streams
+// iters messages and returns the time until the second ack.
+func (s *uctSide) clientBW(method string, size, warmup, iters int, deadline time.Time) (time.Duration, error) {
+	for i := 0; i < warmup; i++ {
+		if err := s.send(amData, method, size, uint64(i), deadline); err != nil {
+			return 0, err
+		}
+	}
+	if err := s.waitCount(&s.acks, 1, deadline); err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	for i := 0; i < iters; i++ {
+		if err := s.send(amData, method, size, uint64(i), deadline); err != nil {
+			return 0, err
+		}
+		s.tick(warmup + i)
+	}
+	if err := s.waitCount(&s.acks, 2, deadline); err != nil {
+		return 0, err
+	}
+	return time.Since(t0), nil
+}
+
+// serverBW counts the stream and acks after the warmup and at the end.
+func (s *uctSide) serverBW(warmup, iters int, deadline time.Time) error {
+	for _, target := range []int{warmup, warmup + iters} {
+		if err := s.waitCount(&s.recv, uint64(target), deadline); err != nil {
+			return err
+		}
+		if err := s.send(amAck, "short", 8, 0, deadline); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// rmaWindow bounds zero-copy operations in flight.
+const rmaWindow = 16
+
+// rmaTarget is the server's registered buffer for put_bw / get_bw.
+type rmaTarget struct {
+	md  uct.MD
+	mem uct.Mem
+}
+
+func (s *uctSide) newTarget(size int) (*rmaTarget, uint64, []byte, error) {
+	md := s.ti.MD
+	mem, err := md.MemAlloc(max(size, 1))
+	if err != nil {
+		return nil, 0, nil, fmt.Errorf("allocate %d B target: %w", size, err)
+	}
+	var rkey []byte
+	if md.Attr().Flags&uct.MDNeedRKey != 0 {
+		if rkey, err = md.PackRKey(mem.MemH); err != nil {
+			md.MemFree(mem)
+			return nil, 0, nil, fmt.Errorf("pack rkey: %w", err)
+		}
+	}
+	return &rmaTarget{md: md, mem: mem}, bufAddr(mem.Buf), rkey, nil
+}
+
+func (t *rmaTarget) free() error { return t.md.MemFree(t.mem) }
+
+func bufAddr(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(unsafe.SliceData(b)))) }
+
+// clientRMA runs put_bw or get_bw: warmup then iters zero-copy operations of
+// size bytes against the peer's buffer, at most rmaWindow in flight, and
+// returns the time from the first measured operation to the last completion.
+func (s *uctSide) clientRMA(get bool, size, warmup, iters int, raddr uint64, rkey []byte, deadline time.Time) (time.Duration, error) {
+	md := s.ti.MD
+	mem, err := md.MemAlloc(max(size, 1))
+	if err != nil {
+		return 0, fmt.Errorf("allocate %d B source: %w", size, err)
+	}
+	defer md.MemFree(mem)
+	iov := []uct.IOV{{Buf: mem.Buf[:size], MemH: mem.MemH}}
+	free := make(chan *uct.Completion, rmaWindow)
+	var firstErr atomic.Pointer[error]
+	for range rmaWindow {
+		c := &uct.Completion{}
+		c.Func = func(err error) {
+			if err != nil {
+				firstErr.CompareAndSwap(nil, &err)
+			}
+			free <- c
+		}
+		free <- c
+	}
+	op := s.ep.PutZcopy
+	if get {
+		op = s.ep.GetZcopy
+	}
+	drain := func() error {
+		for i := 0; len(free) < rmaWindow; i++ {
+			s.w.TryProgress()
+			if i&63 == 63 {
+				runtime.Gosched()
+				if time.Now().After(deadline) {
+					return errStepTimeout
+				}
+			}
+		}
+		if p := firstErr.Load(); p != nil {
+			return *p
+		}
+		return nil
+	}
+	post := func(n, base int) error {
+		for i := 0; i < n; i++ {
+			var c *uct.Completion
+			for spins := 0; c == nil; spins++ {
+				select {
+				case c = <-free:
+				default:
+					s.w.TryProgress()
+					if spins&63 == 63 {
+						runtime.Gosched()
+						if time.Now().After(deadline) {
+							return errStepTimeout
+						}
+					}
+				}
+			}
+			for {
+				c.Count.Store(1)
+				err := op(iov, raddr, rkey, c)
+				if err == nil {
+					free <- c
+					break
+				}
+				if errors.Is(err, uct.ErrInProgress) {
+					break
+				}
+				if !errors.Is(err, uct.ErrNoResource) {
+					free <- c
+					return fmt.Errorf("%d B zcopy: %w", size, err)
+				}
+				s.w.TryProgress()
+				if time.Now().After(deadline) {
+					return errStepTimeout
+				}
+			}
+			s.tick(base + i)
+		}
+		return nil
+	}
+	if err := post(warmup, 0); err != nil {
+		return 0, err
+	}
+	if err := drain(); err != nil {
+		return 0, err
+	}
+	t0 := time.Now()
+	if err := post(iters, warmup); err != nil {
+		return 0, err
+	}
+	done := make(chan error, 1)
+	fc := uct.NewCompletion(1, func(err error) { done <- err })
+	if err := s.ep.Flush(fc); err == nil {
+		done <- nil
+	} else if !errors.Is(err, uct.ErrInProgress) {
+		return 0, fmt.Errorf("flush: %w", err)
+	}
+	if err := drain(); err != nil {
+		return 0, err
+	}
+	for i := 0; ; i++ {
+		select {
+		case err := <-done:
+			if err != nil {
+				return 0, fmt.Errorf("flush: %w", err)
+			}
+			return time.Since(t0), nil
+		default:
+		}
+		s.w.TryProgress()
+		if i&63 == 63 {
+			runtime.Gosched()
+			if time.Now().After(deadline) {
+				return 0, errStepTimeout
+			}
+		}
+	}
+}
