@@ -416,6 +416,7 @@ func testPending(t *testing.T, o Options) {
 		close(rec.gate)
 		t.Fatalf("no ErrNoResource after %d messages of %d bytes with the receiver stalled: unbounded buffering", next.Load(), size)
 	}
+	t.Logf("ErrNoResource after %d messages of %d bytes with the receiver stalled", next.Load(), size)
 	total := next.Load() + 300
 	done := make(chan struct{})
 	var fails atomic.Value
@@ -540,6 +541,7 @@ func testCloseInFlight(t *testing.T, o Options) {
 			t.Fatalf("send %d: %v", i, err)
 		}
 	}
+	t.Logf("in flight at close: %d zcopy completions, send queue full: %v", len(comps), full)
 	pendingRan := make(chan struct{}, 1)
 	if full {
 		req := &uct.PendingReq{Func: func() error {
