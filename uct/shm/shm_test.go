@@ -1,0 +1,405 @@
+//go:build linux
+
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"os"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+	"golang.org/x/sys/unix"
+
+	"github.com/gouct/gouct/uct"
+)
+
+func TestMain(m *testing.M) {
+	if role := os.Getenv(peerEnv); role != "" {
+		os.Exit(peerMain(role))
+	}
+	before := devShm()
+	code := m.Run()
+	if code == 0 {
+		if after := devShm(); after != before {
+			fmt.Fprintf(os.Stderr, "/dev/shm changed:\nbefore: %s\nafter:  %s\n", before, after)
+			code = 1
+		}
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutine leak:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// devShm lists /dev/shm: the transport must never leave anything there.
+func devShm() string {
+	ents, _ := os.ReadDir("/dev/shm")
+	var names []string
+	for _, e := range ents {
+		names = append(names, e.Name())
+	}
+	return strings.Join(names, ",")
+}
+
+// side is one worker with an open shm iface.
+type side struct {
+	w     *uct.Worker
+	md    uct.MD
+	iface *iface
+}
+
+func openSide(tb testing.TB, cfg *uct.Config, p uct.IfaceParams) *side {
+	tb.Helper()
+	if cfg == nil {
+		cfg = uct.DefaultConfig()
+	}
+	c, ok := uct.LookupComponent(componentName)
+	if !ok {
+		tb.Fatal("shm component not registered")
+	}
+	res, err := c.MDResources()
+	if err != nil {
+		tb.Fatalf("shm resources: %v", err)
+	}
+	md, err := c.OpenMD(res[0].Name, cfg)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tls, err := md.TLResources()
+	if err != nil || len(tls) != 1 || tls[0].Type != uct.DeviceShm {
+		tb.Fatalf("tl resources %v, %v", tls, err)
+	}
+	w := uct.NewWorker(cfg)
+	p.Config = cfg
+	ifc, err := md.OpenIface(w, tls[0], p)
+	if err != nil {
+		w.Close()
+		tb.Fatal(err)
+	}
+	s := &side{w: w, md: md, iface: ifc.(*iface)}
+	tb.Cleanup(s.close)
+	return s
+}
+
+func (s *side) close() {
+	s.iface.Close()
+	s.w.Close()
+	s.md.Close()
+}
+
+func (s *side) connect(tb testing.TB, to *side) uct.EP {
+	tb.Helper()
+	ep, err := s.iface.CreateEP(uct.EPParams{DevAddr: to.iface.DeviceAddress(), IfaceAddr: to.iface.IfaceAddress()})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return ep
+}
+
+func waitFor(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+func TestAttrAndAddresses(t *testing.T) {
+	a := openSide(t, nil, uct.IfaceParams{})
+	attr := a.iface.Attr()
+	cfg := uct.DefaultConfig()
+	if attr.MaxBcopy != cfg.ShmSegSize || attr.MaxShort != cfg.ShmSegSize-8 {
+		t.Errorf("MaxBcopy %d MaxShort %d for segment %d", attr.MaxBcopy, attr.MaxShort, cfg.ShmSegSize)
+	}
+	if !attr.Cap.Has(uct.CapAMShort | uct.CapAMBcopy | uct.CapConnectToIface | uct.CapEvent | uct.CapPending) {
+		t.Errorf("caps %v", attr.Cap)
+	}
+	if attr.Cap.Has(uct.CapGetZcopy) != (rmaSupported() == nil) {
+		t.Errorf("caps %v with rma probe %v", attr.Cap, rmaSupported())
+	}
+	if len(a.iface.DeviceAddress()) != attr.DeviceAddrLen || len(a.iface.IfaceAddress()) != attr.IfaceAddrLen {
+		t.Errorf("address lengths")
+	}
+	dev, ifa := a.iface.DeviceAddress(), a.iface.IfaceAddress()
+	if !a.iface.IsReachable(dev, ifa) {
+		t.Error("own address unreachable")
+	}
+	other := append([]byte(nil), dev...)
+	other[0] ^= 1 // another boot
+	if a.iface.IsReachable(other, ifa) {
+		t.Error("reachable from another boot id")
+	}
+	otherUser := append([]byte(nil), dev...)
+	binary.LittleEndian.PutUint32(otherUser[16:], uint32(os.Getuid()+1))
+	if a.iface.IsReachable(otherUser, ifa) {
+		t.Error("reachable from another uid")
+	}
+	if a.iface.IsReachable(dev, ifa[:5]) {
+		t.Error("truncated iface address reachable")
+	}
+	if _, err := a.iface.CreateEP(uct.EPParams{DevAddr: otherUser, IfaceAddr: ifa}); !errors.Is(err, uct.ErrUnreachable) {
+		t.Errorf("create ep to another user: %v", err)
+	}
+	// Right host, but an iface that does not exist (wrong nonce).
+	bad := append([]byte(nil), ifa...)
+	bad[15] ^= 0xff
+	if _, err := a.iface.CreateEP(uct.EPParams{DevAddr: dev, IfaceAddr: bad}); !errors.Is(err, uct.ErrUnreachable) {
+		t.Errorf("create ep with wrong nonce: %v", err)
+	}
+}
+
+// The FIFO is a sealed, private memfd: nothing on disk, and peers refuse
+// one that is not 0600 or not ours.
+func TestFIFOFilePermissions(t *testing.T) {
+	a := openSide(t, nil, uct.IfaceParams{})
+	link, err := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", a.iface.memfd))
+	if err != nil || !strings.HasPrefix(link, "/memfd:") {
+		t.Fatalf("fifo fd is %q (%v), want a memfd", link, err)
+	}
+	var st unix.Stat_t
+	if err := unix.Fstat(a.iface.memfd, &st); err != nil || st.Mode&0o777 != 0o600 {
+		t.Fatalf("mode %o (%v)", st.Mode, err)
+	}
+	if err := unix.Ftruncate(a.iface.memfd, 4096); err == nil {
+		t.Fatal("sealed fifo could be shrunk")
+	}
+	if err := unix.Fchmod(a.iface.memfd, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openFIFO(a.iface.pid, a.iface.memfd, a.iface.nonce); err == nil || !strings.Contains(err.Error(), "mode") {
+		t.Errorf("open of a 0644 fifo: %v", err)
+	}
+	unix.Fchmod(a.iface.memfd, 0o600)
+	f, err := openFIFO(a.iface.pid, a.iface.memfd, a.iface.nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f.unmap()
+}
+
+// Malformed elements (bad id, bad length, unknown flags) are counted and
+// dropped; the messages around them still arrive.
+func TestBadElementsDropped(t *testing.T) {
+	a := openSide(t, nil, uct.IfaceParams{})
+	b := openSide(t, nil, uct.IfaceParams{})
+	var got atomic.Int64
+	var sum atomic.Uint64
+	a.iface.SetAMHandler(3, func(d []byte) { got.Add(1); sum.Add(binary.LittleEndian.Uint64(d)) })
+	u := b.connect(t, a)
+	e := u.(*ep)
+	f := e.f
+	inject := func(id, flags uint8, n int) {
+		t.Helper()
+		tk, ok := f.reserve()
+		if !ok {
+			t.Fatal("fifo full")
+		}
+		f.publish(tk, id, flags, n)
+		e.rem.kick()
+	}
+	if err := u.AMShort(3, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	inject(uct.MaxAMID, 0, 8) // bad id
+	inject(255, 0, 8)         // bad id
+	inject(3, 0, f.seg+1)     // too long
+	inject(3, 0, -1)          // length 0xffffffff
+	inject(3, 0x80, 8)        // unknown flags
+	inject(0, flagPad, 0)     // padding: skipped, not an error
+	inject(7, 0, 0)           // no handler: counted as unhandled
+	if err := u.AMShort(3, 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "good messages", func() bool { return got.Load() == 2 })
+	waitFor(t, "drops counted", func() bool { bad, un := a.iface.stats(); return bad == 5 && un == 1 })
+	if sum.Load() != 3 {
+		t.Errorf("payload sum %d, want 3", sum.Load())
+	}
+}
+
+// A full FIFO reports ErrNoResource; a pending request runs once the
+// consumer frees room, even though the consumer cannot ring the sender.
+func TestFullFIFOAndPending(t *testing.T) {
+	cfg := uct.DefaultConfig()
+	cfg.ShmFifoSize = 4
+	cfg.ShmSegSize = 256
+	a := openSide(t, cfg, uct.IfaceParams{})
+	b := openSide(t, cfg, uct.IfaceParams{})
+	block := make(chan struct{})
+	var got atomic.Int64
+	a.iface.SetAMHandler(1, func([]byte) {
+		if got.Add(1) == 1 {
+			<-block // stall the consumer until the FIFO is full
+		}
+	})
+	ep := b.connect(t, a)
+	sent := 0
+	for ; sent < 100; sent++ {
+		err := ep.AMShort(1, uint64(sent), nil)
+		if errors.Is(err, uct.ErrNoResource) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if sent < 4 || sent > 5 { // 4 elements, plus one the stalled handler may hold
+		t.Fatalf("sent %d before ErrNoResource", sent)
+	}
+	done := make(chan struct{})
+	var req uct.PendingReq
+	req.Func = func() error {
+		if err := ep.AMShort(1, 99, nil); err != nil {
+			return err
+		}
+		close(done)
+		return nil
+	}
+	if err := ep.PendingAdd(&req); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond) // let b's worker park with the request queued
+	close(block)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("pending request never dispatched")
+	}
+	waitFor(t, "all messages", func() bool { return got.Load() == int64(sent+1) })
+	if err := ep.PendingAdd(&req); !errors.Is(err, uct.ErrBusy) {
+		t.Errorf("PendingAdd with room: %v, want ErrBusy", err)
+	}
+}
+
+// Memory per idle endpoint and per iface: heap beyond the shared FIFO, and
+// the FIFO's resident pages.
+func TestMemoryFootprint(t *testing.T) {
+	a := openSide(t, nil, uct.IfaceParams{})
+	b := openSide(t, nil, uct.IfaceParams{})
+	const neps = 1000
+	eps := make([]uct.EP, neps)
+	eps[0] = b.connect(t, a) // maps the peer FIFO once
+	heap := func() uint64 {
+		runtime.GC()
+		var ms runtime.MemStats
+		runtime.ReadMemStats(&ms)
+		return ms.HeapAlloc
+	}
+	h0 := heap()
+	for i := 1; i < neps; i++ {
+		eps[i] = b.connect(t, a)
+	}
+	perEP := float64(heap()-h0) / (neps - 1)
+	if n := len(b.iface.remotes); n != 1 {
+		t.Errorf("%d mappings for %d endpoints to one iface", n, neps)
+	}
+	for _, ep := range eps {
+		ep.Close()
+	}
+	if n := len(b.iface.remotes); n != 0 {
+		t.Errorf("%d mappings left after closing every endpoint", n)
+	}
+
+	const nifaces = 16
+	rss := func() int64 {
+		b, _ := os.ReadFile("/proc/self/statm")
+		var size, res int64
+		fmt.Sscan(string(b), &size, &res)
+		return res * int64(os.Getpagesize())
+	}
+	h0, r0 := heap(), rss()
+	sides := make([]*side, nifaces)
+	for i := range sides {
+		sides[i] = openSide(t, nil, uct.IfaceParams{})
+	}
+	perIfaceHeap := float64(heap()-h0) / nifaces
+	perIfaceRSS := float64(rss()-r0) / nifaces
+	_, fifoSize, _ := fifoGeometry(uct.DefaultConfig().ShmFifoSize, uct.DefaultConfig().ShmSegSize)
+	t.Logf("idle endpoint: %.0f B heap (FIFO mapping shared per peer iface); iface: %.0f B heap, %.0f B RSS growth, %d B FIFO mapping (pages resident only once used)",
+		perEP, perIfaceHeap, perIfaceRSS, fifoSize)
+	if perEP > 64<<10 {
+		t.Errorf("%.0f B of heap per endpoint, want <= 64 KiB", perEP)
+	}
+	if perIfaceHeap > 256<<10 {
+		t.Errorf("%.0f B of heap per iface, want <= 256 KiB", perIfaceHeap)
+	}
+	if perIfaceRSS > 512<<10 {
+		t.Errorf("%.0f B RSS growth per idle iface, want <= 512 KiB", perIfaceRSS)
+	}
+	for _, s := range sides {
+		s.close()
+	}
+}
+
+// The hot path allocates nothing.
+func TestNoAllocPerMessage(t *testing.T) {
+	a := openSide(t, nil, uct.IfaceParams{})
+	b := openSide(t, nil, uct.IfaceParams{})
+	var got atomic.Int64
+	a.iface.SetAMHandler(1, func([]byte) { got.Add(1) })
+	ep := b.connect(t, a)
+	payload := make([]byte, 64)
+	pack := func(buf []byte) int { return copy(buf, payload) }
+	send := func() {
+		for ep.AMShort(1, 7, payload) != nil {
+			runtime.Gosched()
+		}
+		for {
+			if _, err := ep.AMBcopy(1, pack); err == nil {
+				break
+			}
+			runtime.Gosched()
+		}
+	}
+	send()
+	if n := testing.AllocsPerRun(200, send); n != 0 {
+		t.Errorf("%.1f allocations per AMShort+AMBcopy", n)
+	}
+	waitFor(t, "delivery", func() bool { return got.Load() == 2*202 })
+}
+
+// Close with traffic in flight on other goroutines never crashes or hangs.
+func TestCloseRace(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		a := openSide(t, nil, uct.IfaceParams{})
+		b := openSide(t, nil, uct.IfaceParams{})
+		a.iface.SetAMHandler(1, func([]byte) {})
+		ep := b.connect(t, a)
+		stop := make(chan struct{})
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if err := ep.AMShort(1, 0, nil); errors.Is(err, uct.ErrClosed) {
+					<-stop
+					return
+				}
+			}
+		}()
+		time.Sleep(time.Millisecond)
+		if round%2 == 0 {
+			ep.Close()
+		} else {
+			b.iface.Close() // closes ep too
+		}
+		close(stop)
+		<-done
+		a.close()
+		b.close()
+	}
+}
