@@ -322,7 +322,7 @@ func (cl *client) conn(network string) (*connSide, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), cl.cmd.timeout)
 	defer cancel()
-	c, err := dialNet(ctx, network, net.JoinHostPort(cl.host, strconv.Itoa(rep.Port)), cl.cmd.timeout)
+	c, err := dialNet(ctx, network, net.JoinHostPort(cl.host, strconv.Itoa(rep.Port)), cl.cmd.opt.tls, cl.cmd.timeout)
 	if err != nil {
 		return nil, fmt.Errorf("dial %s: %w", network, err)
 	}

@@ -11,12 +11,12 @@ import (
 const rdmaNote = "rdmanet not built in yet: Conn tests ran over Go TCP"
 
 // listenNet listens for data connections of network on addr.
-func listenNet(network, addr string) (net.Listener, error) {
+func listenNet(network, addr string, tls []string) (net.Listener, error) {
 	return net.Listen("tcp", addr)
 }
 
 // dialNet dials a data connection of network to addr.
-func dialNet(ctx context.Context, network, addr string, timeout time.Duration) (net.Conn, error) {
+func dialNet(ctx context.Context, network, addr string, tls []string, timeout time.Duration) (net.Conn, error) {
 	d := net.Dialer{Timeout: timeout}
 	return d.DialContext(ctx, "tcp", addr)
 }

@@ -6,6 +6,7 @@ import (
 	"html"
 	"io"
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -35,7 +36,11 @@ func writeSVG(w io.Writer, rs []Result) error {
 		if lat == 0 {
 			lat = r.LatAvg
 		}
-		s.pts = append(s.pts, point{x: float64(max(r.Size, 1)), lat: lat, bw: r.BW})
+		x := float64(max(r.Size, 1))
+		if slices.ContainsFunc(s.pts, func(p point) bool { return p.x == x }) {
+			continue // a baseline shared by several tests: draw it once
+		}
+		s.pts = append(s.pts, point{x: x, lat: lat, bw: r.BW})
 	}
 	bw := bufio.NewWriter(w)
 	const W, panelW, top, left, plotW, plotH = 1000, 500, 40, 70, 400, 300

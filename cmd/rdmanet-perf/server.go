@@ -34,6 +34,7 @@ func (c *command) serve(ln net.Listener, forever bool) error {
 
 // serverState is what one session holds; close releases all of it.
 type serverState struct {
+	tls     []string // the client's -x: restricts the Conn tests too
 	u       *uctSide
 	lns     map[string]net.Listener
 	accepts map[string]chan acceptResult
@@ -86,7 +87,7 @@ func (c *command) session(conn net.Conn) error {
 	if err := b.send(&msg{Op: opDone, Version: protoVersion}); err != nil {
 		return err
 	}
-	st := &serverState{lns: map[string]net.Listener{}, accepts: map[string]chan acceptResult{}, conns: map[string]*connSide{}}
+	st := &serverState{tls: hello.TLS, lns: map[string]net.Listener{}, accepts: map[string]chan acceptResult{}, conns: map[string]*connSide{}}
 	defer st.close()
 	host, _, _ := net.SplitHostPort(conn.LocalAddr().String())
 	for {
@@ -171,7 +172,7 @@ func (st *serverState) connOpen(network, host string) (*msg, error) {
 	if _, dup := st.lns[network]; dup {
 		return nil, fmt.Errorf("conn_open %s twice", network)
 	}
-	ln, err := listenNet(network, net.JoinHostPort(host, "0"))
+	ln, err := listenNet(network, net.JoinHostPort(host, "0"), st.tls)
 	if err != nil {
 		return nil, fmt.Errorf("listen %s: %w", network, err)
 	}
