@@ -1,0 +1,91 @@
+//go:build linux && cgo && !noverbs
+
+// Package ib is the rc_verbs transport (UCX uct/ib/rc/verbs): reliable
+// connected queue pairs over rdma-core's libibverbs, loaded at first use, so
+// binaries start on hosts without it and the component says why it is
+// unavailable. Import it for its side effect of registering the "ib"
+// component.
+//
+// One MD per RDMA device (its protection domain); one rc_verbs resource per
+// active port ("rxe0:1"); one iface per (MD, worker, port) with a send CQ, a
+// receive CQ and a shared receive queue of pre-posted registered buffers; one
+// RC QP per endpoint, connected endpoint to endpoint (Address, ConnectToEP).
+package ib
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"syscall"
+
+	"github.com/gouct/gouct/uct"
+	"github.com/gouct/gouct/uct/internal/ibv"
+)
+
+const (
+	componentName = "ib"
+	tlName        = "rc_verbs"
+)
+
+type component struct{}
+
+func init() { uct.Register(component{}) }
+
+func (component) Name() string { return componentName }
+
+var (
+	forkOnce sync.Once
+	forkErr  error
+)
+
+// load opens libibverbs and, before anything is registered, makes the
+// process fork-safe where the kernel does not copy pinned pages on fork (the
+// seed's copy-on-write hazard; kernels ≥ 5.13 report IBV_FORK_UNNEEDED).
+// RDMAV_FORK_SAFE=1 makes libibverbs do the same by itself.
+func load() error {
+	if err := ibv.Load(); err != nil {
+		return fmt.Errorf("%w: %v", uct.ErrUnavailable, err)
+	}
+	forkOnce.Do(func() {
+		if ibv.ForkStatus() == ibv.ForkDisabled {
+			forkErr = ibv.ForkInit()
+		}
+	})
+	return nil
+}
+
+// MDResources lists the RDMA devices, or says why there are none.
+func (component) MDResources() ([]uct.MDResource, error) {
+	if err := load(); err != nil {
+		return nil, err
+	}
+	names, err := ibv.DeviceNames()
+	if errors.Is(err, syscall.ENOSYS) {
+		return nil, fmt.Errorf("%w: no RDMA support in the kernel (%v)", uct.ErrUnavailable, err)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: %v", uct.ErrUnavailable, err)
+	}
+	if len(names) == 0 {
+		return nil, fmt.Errorf("%w: no RDMA devices", uct.ErrUnavailable)
+	}
+	out := make([]uct.MDResource, len(names))
+	for i, n := range names {
+		out[i] = uct.MDResource{Name: n}
+	}
+	return out, nil
+}
+
+// OpenMD opens device name.
+func (c component) OpenMD(name string, cfg *uct.Config) (uct.MD, error) {
+	if err := load(); err != nil {
+		return nil, err
+	}
+	if forkErr != nil {
+		return nil, fmt.Errorf("ib: %w", forkErr)
+	}
+	if cfg == nil {
+		cfg = uct.DefaultConfig()
+	}
+	return openMD(c, name, cfg)
+}

@@ -1,0 +1,27 @@
+//go:build !linux || !cgo || noverbs
+
+// Package ib is the rc_verbs transport over rdma-core. This build has no
+// verbs support (CGO_ENABLED=0, build tag noverbs, or not Linux): the "ib"
+// component is registered and reports itself unavailable.
+package ib
+
+import (
+	"fmt"
+
+	"github.com/gouct/gouct/uct"
+	"github.com/gouct/gouct/uct/internal/ibv"
+)
+
+type component struct{}
+
+func init() { uct.Register(component{}) }
+
+func (component) Name() string { return "ib" }
+
+func (component) MDResources() ([]uct.MDResource, error) {
+	return nil, fmt.Errorf("%w: %v", uct.ErrUnavailable, ibv.Load())
+}
+
+func (component) OpenMD(name string, cfg *uct.Config) (uct.MD, error) {
+	return nil, fmt.Errorf("%w: %v", uct.ErrUnavailable, ibv.Load())
+}

@@ -1,0 +1,162 @@
+//go:build linux && cgo && !noverbs
+
+package ib
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+
+	"github.com/gouct/gouct/uct/internal/ibv"
+)
+
+// portInfo is what the MD learned about one port at open.
+type portInfo struct {
+	num   int
+	attr  ibv.PortAttr
+	gids  []ibv.GIDEntry
+	gid   ibv.GIDEntry // the GID endpoints use
+	lag   int          // bonded slave count (RoCE LAG), 0 if not bonded
+	bw    float64      // bytes/s
+	lat   float64      // seconds
+	rxeSW bool         // software device (rxe, siw)
+}
+
+// mtuBytes converts an enum ibv_mtu to bytes.
+func mtuBytes(m int) int {
+	if m < 1 || m > 5 {
+		return 0
+	}
+	return 128 << m
+}
+
+// signalRate returns the per-lane signalling rate in Gb/s and the encoding
+// efficiency for an active_speed code: 8b/10b up to QDR, 64b/66b from FDR
+// (InfiniBand spec, vol 1, ch. 6; UCX uct_ib_iface_get_bw).
+func signalRate(speed uint8) (gbps, enc float64) {
+	switch speed {
+	case 1:
+		return 2.5, 0.8 // SDR
+	case 2:
+		return 5, 0.8 // DDR
+	case 4:
+		return 10, 0.8 // QDR
+	case 8:
+		return 10.3125, 64.0 / 66 // FDR10
+	case 16:
+		return 14.0625, 64.0 / 66 // FDR
+	case 32:
+		return 25.78125, 64.0 / 66 // EDR
+	case 64:
+		return 53.125, 64.0 / 66 // HDR
+	case 128:
+		return 106.25, 64.0 / 66 // NDR
+	}
+	return 2.5, 0.8
+}
+
+// laneCount maps active_width to lanes.
+func laneCount(width uint8) int {
+	switch width {
+	case 1:
+		return 1
+	case 2:
+		return 4
+	case 4:
+		return 8
+	case 8:
+		return 12
+	case 16:
+		return 2
+	}
+	return 1
+}
+
+// estimate fills bw and lat from the port speed, width and LAG.
+func (p *portInfo) estimate() {
+	gbps, enc := signalRate(p.attr.ActiveSpeed)
+	bw := gbps * 1e9 * enc * float64(laneCount(p.attr.ActiveWidth)) / 8
+	if p.lag > 1 {
+		bw *= float64(p.lag)
+	}
+	p.bw = bw
+	// Wire + HCA latency of a small send: ~0.8 µs on InfiniBand, a little
+	// more over RoCE; a software device (rxe, siw) runs the transport on
+	// the CPU and costs tens of µs.
+	p.lat = 800e-9
+	if p.attr.LinkLayer == ibv.LinkLayerEthernet {
+		p.lat = 1100e-9
+	}
+	if p.rxeSW {
+		p.lat = 15e-6
+	}
+}
+
+// isIPv4Mapped reports a ::ffff:a.b.c.d GID.
+func isIPv4Mapped(g [16]byte) bool {
+	return net.IP(g[:]).To4() != nil && g[10] == 0xff && g[11] == 0xff
+}
+
+// chooseGID picks the GID endpoints use: index want if ≥ 0; else the
+// RoCE v2 GID whose IP equals ip (when given); else the first IPv4-mapped
+// RoCE v2 GID; else the first RoCE v2 GID; else the first GID.
+func chooseGID(gids []ibv.GIDEntry, want int, ip net.IP) (ibv.GIDEntry, error) {
+	if len(gids) == 0 {
+		return ibv.GIDEntry{}, fmt.Errorf("no valid GID")
+	}
+	if want >= 0 {
+		for _, g := range gids {
+			if g.Index == want {
+				return g, nil
+			}
+		}
+		return ibv.GIDEntry{}, fmt.Errorf("GID index %d not valid (RDMANET_IB_GID_INDEX)", want)
+	}
+	v2 := func(g ibv.GIDEntry) bool { return g.Type == ibv.GIDTypeRoCEv2 }
+	if ip != nil {
+		for _, g := range gids {
+			if v2(g) && net.IP(g.GID[:]).Equal(ip) {
+				return g, nil
+			}
+		}
+	}
+	for _, g := range gids {
+		if v2(g) && isIPv4Mapped(g.GID) {
+			return g, nil
+		}
+	}
+	for _, g := range gids {
+		if v2(g) {
+			return g, nil
+		}
+	}
+	// Unknown types (old library): prefer an IPv4-mapped GID, which is RoCE v2 on rxe and mlx5.
+	for _, g := range gids {
+		if g.Type == ibv.GIDTypeUnknown && isIPv4Mapped(g.GID) {
+			return g, nil
+		}
+	}
+	return gids[0], nil
+}
+
+// lagSlaves counts the slaves of the bonded netdev behind a RoCE port
+// (sysfs), 0 when the netdev is not a bond or cannot be found.
+func lagSlaves(dev string, port int) int {
+	nd, err := os.ReadFile(filepath.Join("/sys/class/infiniband", dev, "ports", fmt.Sprint(port), "gid_attrs/ndevs/0"))
+	if err != nil {
+		return 0
+	}
+	slaves, err := os.ReadFile(filepath.Join("/sys/class/net", strings.TrimSpace(string(nd)), "bonding/slaves"))
+	if err != nil {
+		return 0
+	}
+	return len(strings.Fields(string(slaves)))
+}
+
+// isSoftware reports a software RDMA device: Soft-RoCE (vendor id
+// 0xffffff) or Soft-iWARP, or one named like them.
+func isSoftware(dev string, vendor uint32) bool {
+	return vendor == 0xffffff || strings.HasPrefix(dev, "rxe") || strings.HasPrefix(dev, "siw")
+}
