@@ -332,3 +332,44 @@ func TestStats(t *testing.T) {
 		t.Errorf("ratios %v %v", a.VsTCP, b.VsTCP)
 	}
 }
+
+// Every transport that reaches another process runs the uct tests it
+// supports between two processes when forced with -x.
+func TestTwoProcessesEachTransport(t *testing.T) {
+	tps := interProcess()
+	if len(tps) == 0 {
+		t.Skip("no inter-process transport built in (self only)")
+	}
+	port, _, srvErr := startServer(t, "-forever")
+	for _, tp := range tps {
+		t.Run(tp, func(t *testing.T) {
+			out, errs, code := runPerf(t, "-p", port, "-json", "-x", tp, "-t", "am_lat,am_bw,put_bw,get_bw", "-s", "8,4k", "-n", "300", "127.0.0.1")
+			if code != 0 {
+				t.Fatalf("exit %d: %s (server: %s)", code, errs, srvErr.String())
+			}
+			var doc Output
+			if err := json.Unmarshal([]byte(out), &doc); err != nil {
+				t.Fatalf("not JSON: %v\n%s", err, out)
+			}
+			if len(doc.Results) != 8 {
+				t.Fatalf("%d results, want 8", len(doc.Results))
+			}
+			for _, r := range doc.Results {
+				if !strings.HasPrefix(r.Transport, tp+"/") {
+					t.Errorf("%s %d B ran on %q, want %s", r.Test, r.Size, r.Transport, tp)
+				}
+				rma := r.Test == "put_bw" || r.Test == "get_bw"
+				if r.Skipped {
+					if !rma || !strings.Contains(r.Note, "not supported") {
+						t.Errorf("%s %d B skipped: %s", r.Test, r.Size, r.Note)
+					}
+					continue
+				}
+				if r.LatAvg <= 0 || r.BW <= 0 {
+					t.Errorf("%s %d B: %+v", r.Test, r.Size, r)
+				}
+				t.Logf("%-7s %5d B over %-12s avg %8.3f µs  %9.1f MB/s", r.Test, r.Size, r.Transport, r.LatAvg, r.BW)
+			}
+		})
+	}
+}

@@ -28,6 +28,16 @@ type uctSide struct {
 	recv atomic.Uint64 // amData messages received
 	acks atomic.Uint64 // amAck messages received
 
+	// Waiting: poll the worker for spin (RDMANET_READ_SPIN), then park on
+	// wake until a handler, completion or pending callback signals. A spin
+	// that never parks would starve the Go netpoller, and with it every
+	// transport whose events arrive through it (tcp).
+	spin   time.Duration
+	parked atomic.Bool
+	wake   chan struct{} // 1 slot; stale tokens are harmless (callers re-check)
+	timer  *time.Timer
+	preq   uct.PendingReq
+
 	payload []byte // preallocated send payload, grown per step
 	packN   int    // bytes the pack function writes this step
 	pack    func(buf []byte) int
@@ -38,7 +48,9 @@ type uctSide struct {
 
 // openUCT opens every iface that cfg allows on a new worker.
 func openUCT(cfg *uct.Config) (*uctSide, error) {
-	s := &uctSide{w: uct.NewWorker(cfg)}
+	s := &uctSide{w: uct.NewWorker(cfg), spin: cfg.ReadSpin, wake: make(chan struct{}, 1), timer: time.NewTimer(time.Hour)}
+	s.timer.Stop()
+	s.preq.Func = func() error { s.signal(); return nil }
 	s.ifs = uct.OpenIfaces(s.w, cfg, uct.IfaceParams{Config: cfg})
 	if len(s.ifs.List) == 0 {
 		err := fmt.Errorf("no transport available (RDMANET_TLS=%v): %w", cfg.TLS, errors.Join(s.ifs.Skipped...))
@@ -61,10 +73,17 @@ func (s *uctSide) addrs() []addrMsg {
 // use selects ti and installs the counting handlers.
 func (s *uctSide) use(ti *uct.TLIface) error {
 	s.ti = ti
-	if err := ti.Iface.SetAMHandler(amData, func([]byte) { s.recv.Add(1) }); err != nil {
+	if ti.Resource.TL == "tcp" {
+		// tcp's events reach the worker through the Go netpoller, which
+		// the scheduler only polls when a P runs out of goroutines: a
+		// second spinning goroutine (beside the worker's own spin) would
+		// delay every message instead of catching it sooner.
+		s.spin = 0
+	}
+	if err := ti.Iface.SetAMHandler(amData, func([]byte) { s.recv.Add(1); s.notify() }); err != nil {
 		return err
 	}
-	return ti.Iface.SetAMHandler(amAck, func([]byte) { s.acks.Add(1) })
+	return ti.Iface.SetAMHandler(amAck, func([]byte) { s.acks.Add(1); s.notify() })
 }
 
 // connectIface creates an endpoint to the peer's iface (connect-to-iface
@@ -147,24 +166,84 @@ func (s *uctSide) method(test string, size int) (string, error) {
 
 var errStepTimeout = errors.New("step timed out (peer gone or stuck?)")
 
-// waitCount polls until *c >= target: the calling goroutine progresses the
-// worker itself (ucx_perftest's loop), yielding every 64 empty polls.
-func (s *uctSide) waitCount(c *atomic.Uint64, target uint64, deadline time.Time) error {
-	for i := 0; c.Load() < target; i++ {
+// notify wakes the session goroutine if it is parked (handlers call it
+// after counting; one atomic load when it is not).
+func (s *uctSide) notify() {
+	if s.parked.Load() {
+		s.signal()
+	}
+}
+
+func (s *uctSide) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// spinUntil polls the worker from the calling goroutine (ucx_perftest's
+// loop) until done() or the spin budget is over; it reports done().
+func (s *uctSide) spinUntil(done func() bool) bool {
+	var start time.Time
+	for i := 0; ; i++ {
+		if done() {
+			return true
+		}
 		s.w.TryProgress()
 		if i&63 == 63 {
 			runtime.Gosched()
-			if i&4095 == 4095 && time.Now().After(deadline) {
-				return errStepTimeout
+			if start.IsZero() {
+				start = time.Now()
+			} else if time.Since(start) >= s.spin {
+				return done()
 			}
 		}
 	}
-	return nil
 }
 
-// send sends one amData (or amAck) message of size bytes by method, retrying
-// with progress while the transport has no resources.
+// park blocks until a signal or the deadline. The caller has set parked
+// and re-checked its condition after setting it (lost-wakeup safe).
+func (s *uctSide) park(deadline time.Time) error {
+	d := time.Until(deadline)
+	if d <= 0 {
+		s.parked.Store(false)
+		return errStepTimeout
+	}
+	s.timer.Reset(d)
+	select {
+	case <-s.wake:
+		s.timer.Stop()
+		s.parked.Store(false)
+		return nil
+	case <-s.timer.C:
+		s.parked.Store(false)
+		return errStepTimeout
+	}
+}
+
+// waitCount waits until *c >= target: spin, then park until a handler
+// signals.
+func (s *uctSide) waitCount(c *atomic.Uint64, target uint64, deadline time.Time) error {
+	if c.Load() >= target || s.spinUntil(func() bool { return c.Load() >= target }) {
+		return nil
+	}
+	for {
+		s.parked.Store(true)
+		if c.Load() >= target {
+			s.parked.Store(false)
+			return nil
+		}
+		if err := s.park(deadline); err != nil {
+			return err
+		}
+	}
+}
+
+// send sends one amData (or amAck) message of size bytes by method. When
+// the transport has no resources it polls for the spin budget, then queues
+// a pending request (uct's documented retry path) and parks until it runs.
 func (s *uctSide) send(id uint8, method string, size int, seq uint64, deadline time.Time) error {
+	var start time.Time
 	for i := 0; ; i++ {
 		var err error
 		if method == "short" {
@@ -179,12 +258,31 @@ func (s *uctSide) send(id uint8, method string, size int, seq uint64, deadline t
 		if !errors.Is(err, uct.ErrNoResource) {
 			return fmt.Errorf("send %d B (%s): %w", size, method, err)
 		}
-		s.w.TryProgress()
-		if i&63 == 63 {
-			runtime.Gosched()
+		if i&63 != 63 {
+			s.w.TryProgress()
+			continue
+		}
+		runtime.Gosched()
+		if start.IsZero() {
+			start = time.Now()
+		}
+		if time.Since(start) < s.spin || !s.ti.Attr.Cap.Has(uct.CapPending) {
 			if time.Now().After(deadline) {
 				return errStepTimeout
 			}
+			continue
+		}
+		s.parked.Store(true)
+		switch err := s.ep.PendingAdd(&s.preq); {
+		case err == nil:
+			if err := s.park(deadline); err != nil {
+				return err
+			}
+		case errors.Is(err, uct.ErrBusy):
+			s.parked.Store(false) // room now: retry at once
+		default:
+			s.parked.Store(false)
+			return fmt.Errorf("pending add: %w", err)
 		}
 	}
 }
@@ -320,15 +418,47 @@ func (s *uctSide) clientRMA(get bool, size, warmup, iters int, raddr uint64, rke
 	if get {
 		op = s.ep.GetZcopy
 	}
-	drain := func() error {
-		for i := 0; len(free) < rmaWindow; i++ {
-			s.w.TryProgress()
-			if i&63 == 63 {
-				runtime.Gosched()
-				if time.Now().After(deadline) {
-					return errStepTimeout
-				}
+	// take returns a free completion: spin, then block on free.
+	take := func() (*uct.Completion, error) {
+		var c *uct.Completion
+		if s.spinUntil(func() bool {
+			select {
+			case c = <-free:
+				return true
+			default:
+				return false
 			}
+		}) {
+			return c, nil
+		}
+		d := time.Until(deadline)
+		if d <= 0 {
+			return nil, errStepTimeout
+		}
+		s.timer.Reset(d)
+		select {
+		case c = <-free:
+			s.timer.Stop()
+			return c, nil
+		case <-s.timer.C:
+			return nil, errStepTimeout
+		}
+	}
+	// drain waits for every operation in flight: all completions back.
+	drain := func() error {
+		var got [rmaWindow]*uct.Completion
+		for i := range got {
+			c, err := take()
+			if err != nil {
+				for _, c := range got[:i] {
+					free <- c
+				}
+				return err
+			}
+			got[i] = c
+		}
+		for _, c := range got {
+			free <- c
 		}
 		if p := firstErr.Load(); p != nil {
 			return *p
@@ -337,19 +467,9 @@ func (s *uctSide) clientRMA(get bool, size, warmup, iters int, raddr uint64, rke
 	}
 	post := func(n, base int) error {
 		for i := 0; i < n; i++ {
-			var c *uct.Completion
-			for spins := 0; c == nil; spins++ {
-				select {
-				case c = <-free:
-				default:
-					s.w.TryProgress()
-					if spins&63 == 63 {
-						runtime.Gosched()
-						if time.Now().After(deadline) {
-							return errStepTimeout
-						}
-					}
-				}
+			c, err := take()
+			if err != nil {
+				return err
 			}
 			for {
 				c.Count.Store(1)
@@ -366,7 +486,9 @@ func (s *uctSide) clientRMA(get bool, size, warmup, iters int, raddr uint64, rke
 					return fmt.Errorf("%d B zcopy: %w", size, err)
 				}
 				s.w.TryProgress()
+				runtime.Gosched()
 				if time.Now().After(deadline) {
+					free <- c
 					return errStepTimeout
 				}
 			}
@@ -384,31 +506,20 @@ func (s *uctSide) clientRMA(get bool, size, warmup, iters int, raddr uint64, rke
 	if err := post(iters, warmup); err != nil {
 		return 0, err
 	}
-	done := make(chan error, 1)
-	fc := uct.NewCompletion(1, func(err error) { done <- err })
+	if err := drain(); err != nil {
+		return 0, err
+	}
+	// Flush: every operation posted before it is complete when it fires.
+	fc := <-free
+	fc.Count.Store(1)
 	if err := s.ep.Flush(fc); err == nil {
-		done <- nil
+		free <- fc
 	} else if !errors.Is(err, uct.ErrInProgress) {
+		free <- fc
 		return 0, fmt.Errorf("flush: %w", err)
 	}
 	if err := drain(); err != nil {
 		return 0, err
 	}
-	for i := 0; ; i++ {
-		select {
-		case err := <-done:
-			if err != nil {
-				return 0, fmt.Errorf("flush: %w", err)
-			}
-			return time.Since(t0), nil
-		default:
-		}
-		s.w.TryProgress()
-		if i&63 == 63 {
-			runtime.Gosched()
-			if time.Now().After(deadline) {
-				return 0, errStepTimeout
-			}
-		}
-	}
+	return time.Since(t0), nil
 }

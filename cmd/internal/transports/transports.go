@@ -5,4 +5,6 @@ package transports
 
 import (
 	_ "github.com/gouct/gouct/uct/self" // in-process loopback
+	_ "github.com/gouct/gouct/uct/shm"  // shared memory between processes
+	_ "github.com/gouct/gouct/uct/tcp"  // TCP sockets
 )
