@@ -47,19 +47,41 @@ type remoteKey struct {
 type remote struct {
 	key   remoteKey
 	f     *fifo
+	local *iface // the peer iface when it is in this process, else nil
 	bell  int // datagram socket connected to the peer's doorbell
 	pidfd int // -1 when pidfd_open is unavailable
 	refs  int
 	dead  atomic.Bool
+	// checked is when alive last asked the kernel (ns since procStart):
+	// senders retrying on a full FIFO must not pay a syscall per attempt.
+	checked atomic.Int64
 }
 
+var procStart = time.Now()
+
+// aliveCheckEvery bounds how often alive polls the peer's pidfd.
+const aliveCheckEvery = int64(time.Millisecond)
+
 var bellByte = [1]byte{1}
+
+// localIfaces lets a sender wake a peer iface of its own process directly:
+// a doorbell through the netpoller is only seen when the scheduler polls
+// the network, which a process whose goroutines spin may not do for
+// milliseconds.
+var (
+	localMu     sync.RWMutex
+	localIfaces = map[uint64]*iface{}
+)
 
 // kick rings the peer's doorbell if it announced sleep and this producer
 // wins the flag (see fifo.go): one atomic load when the peer is awake.
 func (r *remote) kick() {
 	s := r.f.sleep()
 	if atomic.LoadUint32(s) != 0 && atomic.CompareAndSwapUint32(s, 1, 0) {
+		if r.local != nil {
+			r.local.w.Wake()
+			return
+		}
 		// EAGAIN: the peer's doorbell queue is full, so a wake-up is pending
 		// anyway. ECONNREFUSED: the peer closed its iface or died.
 		if _, err := unix.Write(r.bell, bellByte[:]); err == unix.ECONNREFUSED {
@@ -68,11 +90,16 @@ func (r *remote) kick() {
 	}
 }
 
-// alive reports whether the peer process still exists (one poll of its
-// pidfd; slow paths only).
+// alive reports whether the peer process still exists: a poll of its
+// pidfd at most every aliveCheckEvery, else the last answer. Slow paths only.
 func (r *remote) alive() bool {
 	if r.dead.Load() {
 		return false
+	}
+	now := int64(time.Since(procStart))
+	last := r.checked.Load()
+	if now-last < aliveCheckEvery || !r.checked.CompareAndSwap(last, now) {
+		return true
 	}
 	if r.pidfd >= 0 {
 		fds := [1]unix.PollFd{{Fd: int32(r.pidfd), Events: unix.POLLIN}}
@@ -172,6 +199,9 @@ func newIface(m *md, w *uct.Worker, p uct.IfaceParams) (*iface, error) {
 	i.pendTimer = time.AfterFunc(time.Hour, w.Wake)
 	i.pendTimer.Stop()
 	go i.doorbell()
+	localMu.Lock()
+	localIfaces[i.nonce] = i
+	localMu.Unlock()
 	w.Add(i)
 	return i, nil
 }
@@ -302,6 +332,11 @@ func (i *iface) acquireLocked(k remoteKey, fd int) (*remote, error) {
 		pidfd = -1
 	}
 	r := &remote{key: k, f: f, bell: s, pidfd: pidfd, refs: 1}
+	if k.pid == i.pid {
+		localMu.RLock()
+		r.local = localIfaces[k.nonce]
+		localMu.RUnlock()
+	}
 	i.remotes[k] = r
 	return r, nil
 }
@@ -489,6 +524,9 @@ func (i *iface) Close() error {
 	for _, e := range eps {
 		e.Close()
 	}
+	localMu.Lock()
+	delete(localIfaces, i.nonce)
+	localMu.Unlock()
 	i.w.Remove(i)
 	for i.armState.Add(epClosed) != epClosed { // wait out an Arm in flight
 		i.armState.Add(-epClosed)

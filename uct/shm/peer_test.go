@@ -37,7 +37,9 @@ const (
 	amEcho  = 1 // peer echoes the message back unchanged (AMShort)
 	amBulk  = 2 // peer hashes the payload
 	amEnd   = 3 // peer replies amEnd: hdr = bytes hashed, payload = sha256
+	amSink  = 4 // peer counts the bytes
 	amFlood = 5 // peer -> test: flood traffic
+	amCount = 6 // peer replies amCount: hdr = bytes counted by amSink since the last amCount
 )
 
 const rmaLen = 1 << 20
@@ -130,7 +132,16 @@ func peerMain(role string) int {
 	}
 	s.iface.SetAMHandler(amEcho, func(d []byte) {
 		hdr := binary.LittleEndian.Uint64(d)
-		send(func() error { return ep.AMShort(amEcho, hdr, d[8:]) })
+		for i := 0; errors.Is(ep.AMShort(amEcho, hdr, d[8:]), uct.ErrNoResource) && i < 1e6; i++ {
+			runtime.Gosched()
+		}
+	})
+	var sunk uint64
+	s.iface.SetAMHandler(amSink, func(d []byte) { sunk += uint64(len(d)) })
+	s.iface.SetAMHandler(amCount, func([]byte) {
+		n := sunk
+		sunk = 0
+		send(func() error { return ep.AMShort(amCount, n, nil) })
 	})
 	s.iface.SetAMHandler(amBulk, func(d []byte) { h.Write(d); hashed += uint64(len(d)) })
 	s.iface.SetAMHandler(amEnd, func([]byte) {

@@ -1,0 +1,163 @@
+//go:build linux
+
+package shm
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"runtime"
+	"slices"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/gouct/gouct/uct"
+	"github.com/gouct/gouct/uct/uctest"
+)
+
+// Shared suite benchmarks: two workers in one process.
+func BenchmarkPingPong8(b *testing.B)     { uctest.BenchPingPong(b, tlName, 8) }
+func BenchmarkBandwidth8K(b *testing.B)   { uctest.BenchBandwidth(b, tlName, 8<<10) }
+func BenchmarkBandwidth256K(b *testing.B) { uctest.BenchBandwidth(b, tlName, 256<<10) }
+
+// quantile returns the q-quantile of d in µs (sorts d).
+func quantile(d []time.Duration, q float64) float64 {
+	slices.Sort(d)
+	return float64(d[int(q*float64(len(d)-1))].Nanoseconds()) / 1e3
+}
+
+// BenchmarkTwoProcessPingPong: round trip of an 8-byte AMShort (header
+// only) between this process and a peer process that echoes it from its
+// handler; this side polls the worker itself while waiting (the stream's
+// Read path). Beside it, in the same run and between the same two
+// processes, an 8-byte Go TCP loopback ping-pong. Reports medians in µs.
+func BenchmarkTwoProcessPingPong(b *testing.B) {
+	s := openSide(b, nil, uct.IfaceParams{})
+	p := startPeer(b, s)
+	var got atomic.Uint64
+	s.iface.SetAMHandler(amEcho, func(d []byte) { got.Store(binary.LittleEndian.Uint64(d)) })
+	rt := make([]time.Duration, b.N)
+	round := func(i uint64) {
+		for {
+			err := p.ep.AMShort(amEcho, i, nil)
+			if err == nil {
+				break
+			}
+			if !errors.Is(err, uct.ErrNoResource) {
+				b.Fatal(err)
+			}
+		}
+		for spins := 0; got.Load() != i; spins++ {
+			if _, ok := s.w.TryProgress(); !ok || spins&15 == 15 {
+				runtime.Gosched()
+			}
+		}
+	}
+	for i := uint64(1); i <= 1000; i++ { // warm up
+		round(i)
+	}
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		round(uint64(i) + 1001)
+		rt[i] = time.Since(t0)
+	}
+	b.StopTimer()
+	shm, shm99 := quantile(rt, 0.5), quantile(rt, 0.99)
+
+	c, err := net.Dial("tcp", p.tcp)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	var msg [8]byte
+	c.Write([]byte{'p'})
+	n := min(max(b.N, 1000), 20000)
+	tcp := make([]time.Duration, n)
+	for i := range tcp {
+		t0 := time.Now()
+		if _, err := c.Write(msg[:]); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(c, msg[:]); err != nil {
+			b.Fatal(err)
+		}
+		tcp[i] = time.Since(t0)
+	}
+	tcpMed := quantile(tcp, 0.5)
+	b.ReportMetric(shm, "p50-µs/rt")
+	b.ReportMetric(shm99, "p99-µs/rt")
+	b.ReportMetric(tcpMed, "tcp-p50-µs/rt")
+	b.ReportMetric(shm/tcpMed, "x-tcp")
+}
+
+// BenchmarkTwoProcessBandwidth: a stream of 8 KiB AMBcopy messages to a
+// peer process that counts them, beside a Go TCP loopback stream of the
+// same bytes in 8 KiB writes between the same two processes.
+func BenchmarkTwoProcessBandwidth(b *testing.B) {
+	const size = 8 << 10
+	s := openSide(b, nil, uct.IfaceParams{})
+	p := startPeer(b, s)
+	count := make(chan uint64, 1)
+	s.iface.SetAMHandler(amCount, func(d []byte) { count <- binary.LittleEndian.Uint64(d) })
+	data := make([]byte, size)
+	pack := func(buf []byte) int { return copy(buf, data) }
+	send := func(fn func() error) {
+		for spins := 0; ; spins++ {
+			err := fn()
+			if err == nil {
+				return
+			}
+			if !errors.Is(err, uct.ErrNoResource) {
+				b.Fatal(err)
+			}
+			runtime.Gosched()
+		}
+	}
+	bcopy := func() error { _, err := p.ep.AMBcopy(amSink, pack); return err }
+	b.SetBytes(size)
+	b.ResetTimer()
+	t0 := time.Now()
+	for i := 0; i < b.N; i++ {
+		send(bcopy)
+	}
+	send(func() error { return p.ep.AMShort(amCount, 0, nil) })
+	select {
+	case n := <-count:
+		if n != uint64(b.N)*size {
+			b.Fatalf("peer counted %d bytes, sent %d", n, b.N*size)
+		}
+	case <-time.After(30 * time.Second):
+		b.Fatal("no count from peer")
+	}
+	el := time.Since(t0)
+	b.StopTimer()
+	ours := float64(b.N) * size / el.Seconds() / 1e6
+
+	c, err := net.Dial("tcp", p.tcp)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	total := min(max(int64(b.N)*size, 64<<20), 512<<20)
+	var hdr [9]byte
+	hdr[0] = 'b'
+	binary.LittleEndian.PutUint64(hdr[1:], uint64(total))
+	t0 = time.Now()
+	if _, err := c.Write(hdr[:]); err != nil {
+		b.Fatal(err)
+	}
+	for sent := int64(0); sent < total; sent += size {
+		if _, err := c.Write(data); err != nil {
+			b.Fatal(err)
+		}
+	}
+	if _, err := io.ReadFull(c, hdr[:1]); err != nil {
+		b.Fatal(err)
+	}
+	tcp := float64(total) / time.Since(t0).Seconds() / 1e6
+	b.ReportMetric(tcp, "tcp-MB/s")
+	b.ReportMetric(ours/tcp, "x-tcp")
+}
