@@ -48,8 +48,8 @@ type remote struct {
 	key   remoteKey
 	f     *fifo
 	local *iface // the peer iface when it is in this process, else nil
-	bell  int // datagram socket connected to the peer's doorbell
-	pidfd int // -1 when pidfd_open is unavailable
+	bell  int    // datagram socket connected to the peer's doorbell
+	pidfd int    // -1 when pidfd_open is unavailable
 	refs  int
 	dead  atomic.Bool
 	// checked is when alive last asked the kernel (ns since procStart):
