@@ -4,6 +4,7 @@ import (
 	"runtime"
 	"runtime/debug"
 	"sort"
+	"strings"
 
 	"github.com/gouct/gouct/uct"
 )
@@ -19,7 +20,7 @@ type BuildInfo struct {
 	CGO       bool   `json:"cgo"`  // CGO_ENABLED=1 at build time
 	Tags      string `json:"tags"` // -tags given to go build
 	// Verbs reports whether the rc_verbs transport is compiled in: built
-	// with cgo and an "ib" component registered.
+	// with cgo, without the noverbs tag, and an "ib" component registered.
 	Verbs      bool              `json:"verbs"`
 	Components []string          `json:"components"` // registered components, sorted
 	Revision   string            `json:"vcs_revision,omitempty"`
@@ -60,6 +61,10 @@ func ReadBuildInfo() BuildInfo {
 	}
 	sort.Strings(b.Components)
 	_, ib := uct.LookupComponent("ib")
-	b.Verbs = b.CGO && ib
+	noverbs := false
+	for _, t := range strings.Split(b.Tags, ",") {
+		noverbs = noverbs || t == "noverbs"
+	}
+	b.Verbs = b.CGO && ib && !noverbs && b.OS == "linux"
 	return b
 }

@@ -4,6 +4,7 @@
 package transports
 
 import (
+	_ "github.com/gouct/gouct/uct/ib"   // rc_verbs (unavailable, saying why, without cgo or libibverbs)
 	_ "github.com/gouct/gouct/uct/self" // in-process loopback
 	_ "github.com/gouct/gouct/uct/shm"  // shared memory between processes
 	_ "github.com/gouct/gouct/uct/tcp"  // TCP sockets
