@@ -54,7 +54,7 @@ func (e *ep) noResource() error {
 }
 
 func (e *ep) reset() error {
-	err := fmt.Errorf("shm: peer pid %d exited: %w", e.rem.key.pid, uct.ErrEndpointReset)
+	err := fmt.Errorf("shm: peer iface in pid %d closed or exited: %w", e.rem.key.pid, uct.ErrEndpointReset)
 	if h := e.iface.params.ErrHandler; h != nil && !e.failed.Swap(true) {
 		e.iface.w.Post(func() { h(e, err) })
 	}

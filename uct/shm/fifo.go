@@ -38,6 +38,7 @@ import (
 //	|  64 |    8 | head: next ticket to reserve (producers)       |
 //	| 128 |    8 | tail: next ticket to consume (consumer)        |
 //	| 192 |    4 | sleep: 1 while the consumer may be parked      |
+//	| 196 |    4 | closed: 1 once the owning iface closed         |
 //	| 256 |  N*stride | elements                                  |
 //
 // Element:
@@ -63,6 +64,7 @@ const (
 	offHead  = 64
 	offTail  = 128
 	offSleep = 192
+	offClose = 196
 	hdrSize  = 256
 
 	elemHdr    = 16
@@ -200,6 +202,7 @@ func (f *fifo) word(off uintptr) *uint64 { return (*uint64)(unsafe.Add(f.base, o
 func (f *fifo) head() *uint64            { return f.word(offHead) }
 func (f *fifo) tail() *uint64            { return f.word(offTail) }
 func (f *fifo) sleep() *uint32           { return (*uint32)(unsafe.Add(f.base, offSleep)) }
+func (f *fifo) closed() *uint32          { return (*uint32)(unsafe.Add(f.base, offClose)) }
 
 func (f *fifo) elem(t uint64) unsafe.Pointer {
 	return unsafe.Add(f.base, hdrSize+(t&f.mask)*f.stride)

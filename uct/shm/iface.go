@@ -96,6 +96,10 @@ func (r *remote) alive() bool {
 	if r.dead.Load() {
 		return false
 	}
+	if atomic.LoadUint32(r.f.closed()) != 0 { // the peer closed its iface
+		r.dead.Store(true)
+		return false
+	}
 	now := int64(time.Since(procStart))
 	last := r.checked.Load()
 	if now-last < aliveCheckEvery || !r.checked.CompareAndSwap(last, now) {
@@ -533,6 +537,7 @@ func (i *iface) Close() error {
 		runtime.Gosched()
 	}
 	i.pendTimer.Stop()
+	atomic.StoreUint32(i.rx.closed(), 1) // senders still mapping it get ErrEndpointReset
 	errs := []error{i.bell.Close()}
 	<-i.bellDone
 	errs = append(errs, i.rx.unmap(), unix.Close(i.memfd))

@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"runtime"
+	"runtime/pprof"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -93,6 +94,11 @@ func retry(ep uct.EP, send func() error) error {
 // the test; EOF closes everything.
 func peerMain(role string) int {
 	fail := func(err error) int { fmt.Fprintln(os.Stderr, "peer:", err); return 2 }
+	if path := os.Getenv(peerEnv + "_CPUPROFILE"); path != "" { // profile the receiving side
+		if f, err := os.Create(path); err == nil && pprof.StartCPUProfile(f) == nil {
+			defer pprof.StopCPUProfile()
+		}
+	}
 	cfg := uct.DefaultConfig()
 	s, err := openPlain(cfg, uct.IfaceParams{})
 	if err != nil {

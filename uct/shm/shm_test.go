@@ -403,3 +403,31 @@ func TestCloseRace(t *testing.T) {
 		b.close()
 	}
 }
+
+// Sends to an iface that closed fail with ErrEndpointReset once its FIFO
+// is full, rather than ErrNoResource forever.
+func TestPeerIfaceClosed(t *testing.T) {
+	cfg := uct.DefaultConfig()
+	cfg.ShmFifoSize = 8
+	a := openSide(t, cfg, uct.IfaceParams{})
+	b := openSide(t, cfg, uct.IfaceParams{})
+	ep := a.connect(t, b)
+	b.close()
+	var err error
+	for i := 0; i < 100 && err == nil; i++ {
+		err = ep.AMShort(1, 0, nil)
+	}
+	if !errors.Is(err, uct.ErrEndpointReset) {
+		t.Fatalf("send to a closed iface: %v, want ErrEndpointReset", err)
+	}
+	if err := ep.PendingAdd(&uct.PendingReq{Func: func() error { return nil }}); err != nil {
+		// queued: it must be dispatched (and fail) rather than wait forever
+		t.Logf("PendingAdd: %v", err)
+	}
+	if err := ep.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if err := ep.AMShort(1, 0, nil); !errors.Is(err, uct.ErrClosed) {
+		t.Errorf("send on a closed ep: %v, want ErrClosed", err)
+	}
+}
