@@ -161,3 +161,77 @@ func BenchmarkTwoProcessBandwidth(b *testing.B) {
 	b.ReportMetric(tcp, "tcp-MB/s")
 	b.ReportMetric(ours/tcp, "x-tcp")
 }
+
+// BenchmarkTwoProcessIdleWake: round trip of an 8-byte AMShort to a peer
+// process whose worker has parked (2 ms idle before each message), so each
+// message goes through the doorbell; beside it, the same over TCP loopback.
+// wake-p50-µs is the one-way time to the peer's handler, back-p50-µs the
+// way back (CLOCK_MONOTONIC stamps). "poll": this side polls the worker
+// while waiting; "block": it waits on a channel its handler signals.
+func BenchmarkTwoProcessIdleWake(b *testing.B) {
+	b.Run("poll", func(b *testing.B) { benchIdleWake(b, false) })
+	b.Run("block", func(b *testing.B) { benchIdleWake(b, true) })
+}
+
+func benchIdleWake(b *testing.B, block bool) {
+	s := openSide(b, nil, uct.IfaceParams{})
+	p := startPeer(b, s)
+	var got atomic.Uint64
+	var stamp atomic.Int64
+	notify := make(chan struct{}, 1)
+	s.iface.SetAMHandler(amStamp, func(d []byte) {
+		stamp.Store(int64(binary.LittleEndian.Uint64(d)))
+		got.Add(1)
+		select {
+		case notify <- struct{}{}:
+		default:
+		}
+	})
+	c, err := net.Dial("tcp", p.tcp)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte{'p'})
+	var msg [8]byte
+	rt := make([]time.Duration, b.N)
+	oneWay := make([]time.Duration, b.N)
+	back := make([]time.Duration, b.N)
+	tcp := make([]time.Duration, b.N)
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		time.Sleep(2 * time.Millisecond)
+		t0 := time.Now()
+		m0 := monotonic()
+		if err := p.ep.AMShort(amStamp, 0, nil); err != nil {
+			b.Fatal(err)
+		}
+		for spins := 0; got.Load() != uint64(i)+1; spins++ {
+			if block {
+				<-notify
+				continue
+			}
+			if _, ok := s.w.TryProgress(); !ok || spins&15 == 15 {
+				runtime.Gosched()
+			}
+		}
+		rt[i] = time.Since(t0)
+		back[i] = time.Duration(monotonic() - stamp.Load())
+		oneWay[i] = time.Duration(stamp.Load() - m0)
+		time.Sleep(2 * time.Millisecond)
+		t0 = time.Now()
+		c.Write(msg[:])
+		if _, err := io.ReadFull(c, msg[:]); err != nil {
+			b.Fatal(err)
+		}
+		tcp[i] = time.Since(t0)
+	}
+	b.StopTimer()
+	shm, tcpMed := quantile(rt, 0.5), quantile(tcp, 0.5)
+	b.ReportMetric(shm, "p50-µs/rt")
+	b.ReportMetric(quantile(rt, 0.99), "p99-µs/rt")
+	b.ReportMetric(quantile(oneWay, 0.5), "wake-p50-µs")
+	b.ReportMetric(quantile(back, 0.5), "back-p50-µs")
+	b.ReportMetric(tcpMed, "tcp-p50-µs/rt")
+	b.ReportMetric(shm/tcpMed, "x-tcp")
+}

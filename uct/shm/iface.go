@@ -223,6 +223,10 @@ func (i *iface) doorbell() {
 			continue // a stray datagram from another local process: ignore
 		}
 		i.w.Wake()
+		// Poll once here too unless the worker already is: this goroutine
+		// is the one the netpoller just ran, the worker may need another
+		// thread wake-up to get a processor (tens of µs on a busy host).
+		i.w.TryProgress()
 	}
 }
 

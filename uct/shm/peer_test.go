@@ -23,6 +23,8 @@ import (
 	"time"
 	"unsafe"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/gouct/gouct/uct"
 )
 
@@ -41,7 +43,15 @@ const (
 	amSink  = 4 // peer counts the bytes
 	amFlood = 5 // peer -> test: flood traffic
 	amCount = 6 // peer replies amCount: hdr = bytes counted by amSink since the last amCount
+	amStamp = 7 // peer replies amStamp: hdr = CLOCK_MONOTONIC ns when its handler ran
 )
+
+// monotonic is CLOCK_MONOTONIC in ns: comparable between processes.
+func monotonic() int64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_MONOTONIC, &ts)
+	return ts.Nano()
+}
 
 const rmaLen = 1 << 20
 
@@ -141,6 +151,10 @@ func peerMain(role string) int {
 		for i := 0; errors.Is(ep.AMShort(amEcho, hdr, d[8:]), uct.ErrNoResource) && i < 1e6; i++ {
 			runtime.Gosched()
 		}
+	})
+	s.iface.SetAMHandler(amStamp, func([]byte) {
+		now := uint64(monotonic())
+		send(func() error { return ep.AMShort(amStamp, now, nil) })
 	})
 	var sunk uint64
 	s.iface.SetAMHandler(amSink, func(d []byte) { sunk += uint64(len(d)) })
