@@ -151,10 +151,14 @@ func (w *Worker) progressLocked() int {
 	return n
 }
 
+// armAll arms every iface under the progress lock: Arm, like Progress, never
+// runs concurrently with a poll (TryProgress), nor after Remove returned.
 func (w *Worker) armAll() bool {
 	if w.npost.Load() != 0 {
 		return false
 	}
+	w.progMu.Lock()
+	defer w.progMu.Unlock()
 	for _, i := range *w.ifaces.Load() {
 		if !i.Arm() {
 			return false

@@ -24,14 +24,20 @@
 // maxPayload has its connection closed (logged, counted); it never panics
 // the receiver.
 //
-// Goroutines: each iface has an accept goroutine and one reader per
-// accepted connection, parked in the Go netpoller; readers copy frames into
-// the iface's bounded receive ring (blocking when it is full, which pushes
-// back on the peer through TCP) and wake the worker, whose Progress runs the
-// AM handlers. Each EP has a writer goroutine that dials, then writes what
-// senders queued in its bounded send queue; when the queue is empty and
-// nothing is being written, a sender writes to the socket itself
-// (non-blocking) and only the rest is queued.
+// Progress (UCX tcp's epoll-driven progress): the iface keeps its sockets
+// in an epoll set. The worker's Progress asks it, without blocking, which
+// sockets are ready, reads them with non-blocking reads and runs the AM
+// handlers straight from the connection's receive buffer, and writes queued
+// sends. A send writes to its socket at once (non-blocking writev) when
+// nothing is queued; the rest waits in the EP's bounded queue. Nothing is
+// handed between goroutines on the data path, so a spinning worker sees
+// data as soon as the kernel has it (a goroutine parked in the Go
+// netpoller is only scheduled when a processor goes idle). When the worker
+// parks, one waiter goroutine per iface parks in the netpoller on the epoll
+// fd and wakes it. Accepting and the magic handshake run on their own
+// goroutines.
+//
+// Linux only (epoll); elsewhere the component reports itself unavailable.
 package tcp
 
 import (
@@ -55,6 +61,9 @@ func (component) Name() string { return componentName }
 // MDResources lists the single "tcp" memory domain, or ErrUnavailable when
 // the host has no IPv4 interface that is up.
 func (component) MDResources() ([]uct.MDResource, error) {
+	if err := pollSupported(); err != nil {
+		return nil, err
+	}
 	devs, err := devices()
 	if err != nil {
 		return nil, fmt.Errorf("tcp: list interfaces: %v: %w", err, uct.ErrUnavailable)

@@ -9,6 +9,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/gouct/gouct/uct"
@@ -24,21 +25,27 @@ const (
 	maxIOV     = 16
 	maxPayload = maxHeader + maxZcopy // largest frame payload accepted
 
-	rxRing    = 128       // messages an iface buffers for its worker
-	rxBufSize = 128 << 10 // a reader's socket buffer: holds any whole frame
+	rxBufSize = 128 << 10 // a connection's receive buffer: holds any whole frame
+	maxEvents = 64        // sockets handled per Progress
 
 	handshakeTimeout = 10 * time.Second
 )
 
-// rxSlot is one received message waiting for the worker.
-type rxSlot struct {
-	id  uint8
-	n   int
-	buf []byte // grows to the largest message this slot carried, bounded by maxPayload
+// rxConn is a connection accepted by the iface, read by Progress.
+type rxConn struct {
+	c      *net.TCPConn
+	raw    syscall.RawConn
+	fd     int
+	buf    []byte
+	r, w   int
+	n      int   // result of the last read
+	err    error // of the last read; nil with n == 0 means EAGAIN
+	readFn func(fd uintptr) bool
 }
 
 // iface listens on the device's IPv4 address. Methods are safe for
-// concurrent use; Progress and Arm are called by the worker only.
+// concurrent use; Progress and Arm are called by the worker only, and run
+// the AM handlers and completions.
 type iface struct {
 	md                 *md
 	w                  *uct.Worker
@@ -47,40 +54,46 @@ type iface struct {
 	lis                *net.TCPListener
 	port               uint16
 	devAddr, ifaceAddr []byte
+	poll               *poller
 
 	handlers [uct.MaxAMID]atomic.Pointer[uct.AMHandler]
 
-	// Receive ring, filled by readers, drained by Progress.
 	mu        sync.Mutex
-	space     *sync.Cond // readers wait here while the ring is full
-	ring      [rxRing]rxSlot
-	head      int
-	count     int
-	waiting   int // readers waiting for space
 	closed    bool
-	conns     map[net.Conn]struct{}
+	socks     map[int]any // fd -> *rxConn or *ep, for the poller's events
+	handshake map[net.Conn]struct{}
 	eps       map[*ep]struct{}
-	queued    atomic.Int32
-	wg        sync.WaitGroup // accept loop and readers
+	wg        sync.WaitGroup // accept loop, handshakes
+	armed     chan struct{}  // 1 slot: the worker is about to sleep
+	waiterEnd chan struct{}
 	closeOnce sync.Once
 
-	// RxErrors counts connections closed for bad peer input.
-	rxErrors atomic.Uint64
+	// Worker only.
+	evs  [maxEvents]pollEvent
+	idle int // Progress calls since the last event
+
+	rxErrors atomic.Uint64 // connections closed for bad peer input
 }
 
 func newIface(m *md, w *uct.Worker, d device, p uct.IfaceParams) (*iface, error) {
+	pl, err := newPoller()
+	if err != nil {
+		return nil, fmt.Errorf("tcp: %w", err)
+	}
 	lis, err := net.ListenTCP("tcp4", &net.TCPAddr{IP: d.ip})
 	if err != nil {
+		pl.close()
 		return nil, fmt.Errorf("tcp: listen on %s (%s): %w", d.name, d.ip, err)
 	}
-	i := &iface{md: m, w: w, dev: d, params: p, lis: lis,
-		conns: map[net.Conn]struct{}{}, eps: map[*ep]struct{}{}}
-	i.space = sync.NewCond(&i.mu)
+	i := &iface{md: m, w: w, dev: d, params: p, lis: lis, poll: pl,
+		socks: map[int]any{}, handshake: map[net.Conn]struct{}{}, eps: map[*ep]struct{}{},
+		armed: make(chan struct{}, 1), waiterEnd: make(chan struct{})}
 	i.port = uint16(lis.Addr().(*net.TCPAddr).Port)
 	i.devAddr = append([]byte(nil), d.ip...)
 	i.ifaceAddr = binary.BigEndian.AppendUint16(nil, i.port)
 	i.wg.Add(1)
 	go i.acceptLoop()
+	go i.waiter()
 	w.Add(i)
 	return i, nil
 }
@@ -149,7 +162,7 @@ func (i *iface) SetAMHandler(id uint8, h uct.AMHandler) error {
 }
 
 // CreateEP creates an endpoint to the iface at p's addresses. It does not
-// block: the EP's writer goroutine connects, and sends queue meanwhile.
+// block: a goroutine connects, and sends queue meanwhile.
 func (i *iface) CreateEP(p uct.EPParams) (uct.EP, error) {
 	if p.IfaceAddr == nil {
 		return nil, uct.NotSupported("tcp: connect to ep")
@@ -168,6 +181,32 @@ func (i *iface) CreateEP(p uct.EPParams) (uct.EP, error) {
 	return e, nil
 }
 
+// attach registers a connected socket with the poller.
+func (i *iface) attach(fd int, owner any, events uint32) error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	if i.closed {
+		return fmt.Errorf("tcp: iface closed: %w", uct.ErrClosed)
+	}
+	if err := i.poll.add(fd, events); err != nil {
+		return fmt.Errorf("tcp: epoll add: %w", err)
+	}
+	i.socks[fd] = owner
+	return nil
+}
+
+// detach unregisters fd; call it before closing the socket (fd numbers are reused).
+func (i *iface) detach(fd int, owner any) {
+	i.mu.Lock()
+	if i.socks[fd] == owner {
+		delete(i.socks, fd)
+		if !i.closed {
+			i.poll.del(fd)
+		}
+	}
+	i.mu.Unlock()
+}
+
 func (i *iface) forget(e *ep) {
 	i.mu.Lock()
 	delete(i.eps, e)
@@ -182,12 +221,7 @@ func (i *iface) acceptLoop() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			var ne net.Error
-			if errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
-			// EMFILE and the like: back off instead of spinning.
-			time.Sleep(10 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond) // EMFILE and the like: back off, don't spin
 			continue
 		}
 		i.mu.Lock()
@@ -196,28 +230,20 @@ func (i *iface) acceptLoop() {
 			c.Close()
 			return
 		}
-		i.conns[c] = struct{}{}
+		i.handshake[c] = struct{}{}
 		i.wg.Add(1)
 		i.mu.Unlock()
-		go i.reader(c)
+		go i.accept(c)
 	}
 }
 
-// badPeer closes c for malformed input.
-func (i *iface) badPeer(c net.Conn, err error) {
-	i.rxErrors.Add(1)
-	slog.Warn("uct/tcp: closing connection", "iface", i.dev.name, "port", i.port, "peer", c.RemoteAddr(), "err", err)
-}
-
-// reader receives frames from one accepted connection until it fails, the
-// peer misbehaves or the iface closes. It parks in the netpoller in Read,
-// or on i.space while the ring is full.
-func (i *iface) reader(c net.Conn) {
+// accept reads the magic (concurrently with other handshakes, under a
+// deadline), then hands the connection to the poller and Progress.
+func (i *iface) accept(c *net.TCPConn) {
 	defer i.wg.Done()
 	defer func() {
-		c.Close()
 		i.mu.Lock()
-		delete(i.conns, c)
+		delete(i.handshake, c)
 		i.mu.Unlock()
 	}()
 	var m [len(magic)]byte
@@ -226,107 +252,140 @@ func (i *iface) reader(c net.Conn) {
 		if !errors.Is(err, net.ErrClosed) {
 			i.badPeer(c, fmt.Errorf("no magic: %w", err))
 		}
+		c.Close()
 		return
 	}
 	if string(m[:]) != magic {
 		i.badPeer(c, fmt.Errorf("bad magic %q", m[:]))
+		c.Close()
 		return
 	}
 	c.SetReadDeadline(time.Time{})
-	buf := make([]byte, rxBufSize)
-	r, w := 0, 0
-	for {
-		for w-r >= frameHdr {
-			id := buf[r]
-			n := binary.LittleEndian.Uint32(buf[r+1:])
-			if id >= uct.MaxAMID {
-				i.badPeer(c, fmt.Errorf("am id %d: %w", id, uct.ErrInvalidParam))
-				return
-			}
-			if n > maxPayload {
-				i.badPeer(c, fmt.Errorf("frame of %d bytes: %w", n, uct.ErrMessageSize))
-				return
-			}
-			end := r + frameHdr + int(n)
-			if end > w {
-				break
-			}
-			if !i.deliver(id, buf[r+frameHdr:end]) {
-				return
-			}
-			r = end
-		}
-		if r == w {
-			r, w = 0, 0
-		} else if len(buf)-r < frameHdr+maxPayload {
-			w = copy(buf, buf[r:w])
-			r = 0
-		}
-		k, err := c.Read(buf[w:])
-		w += k
-		if err != nil && k == 0 {
-			return // EOF, reset, or closed by Close
-		}
+	raw, err := c.SyscallConn()
+	if err != nil {
+		c.Close()
+		return
 	}
+	rc := &rxConn{c: c, raw: raw, buf: make([]byte, rxBufSize)}
+	rc.readFn = rc.read
+	raw.Control(func(fd uintptr) { rc.fd = int(fd) })
+	if err := i.attach(rc.fd, rc, evIn); err != nil {
+		c.Close()
+		return
+	}
+	i.w.Wake()
 }
 
-// deliver copies one message into the ring, waiting while it is full. It
-// returns false when the iface is closed.
-func (i *iface) deliver(id uint8, data []byte) bool {
-	i.mu.Lock()
-	for i.count == rxRing && !i.closed {
-		i.waiting++
-		i.space.Wait()
-		i.waiting--
+// badPeer logs and counts a connection closed for malformed input.
+func (i *iface) badPeer(c net.Conn, err error) {
+	i.rxErrors.Add(1)
+	slog.Warn("uct/tcp: closing connection", "iface", i.dev.name, "port", i.port, "peer", c.RemoteAddr(), "err", err)
+}
+
+func (i *iface) closeRx(rc *rxConn) {
+	i.detach(rc.fd, rc)
+	rc.c.Close()
+}
+
+// receive reads what rc has and runs the handler of every whole frame
+// (worker only). It returns the number of messages handled.
+func (i *iface) receive(rc *rxConn) int {
+	if err := rc.raw.Read(rc.readFn); err != nil {
+		i.closeRx(rc)
+		return 0
 	}
-	if i.closed {
+	rc.w += rc.n
+	n := 0
+	for rc.w-rc.r >= frameHdr {
+		id := rc.buf[rc.r]
+		size := binary.LittleEndian.Uint32(rc.buf[rc.r+1:])
+		if id >= uct.MaxAMID {
+			i.badPeer(rc.c, fmt.Errorf("am id %d: %w", id, uct.ErrInvalidParam))
+			i.closeRx(rc)
+			return n
+		}
+		if size > maxPayload {
+			i.badPeer(rc.c, fmt.Errorf("frame of %d bytes: %w", size, uct.ErrMessageSize))
+			i.closeRx(rc)
+			return n
+		}
+		end := rc.r + frameHdr + int(size)
+		if end > rc.w {
+			break
+		}
+		if h := i.handlers[id].Load(); h != nil {
+			(*h)(rc.buf[rc.r+frameHdr : end : end])
+		}
+		rc.r = end
+		n++
+	}
+	if rc.r == rc.w {
+		rc.r, rc.w = 0, 0
+	} else if len(rc.buf)-rc.r < frameHdr+maxPayload {
+		rc.w = copy(rc.buf, rc.buf[rc.r:rc.w])
+		rc.r = 0
+	}
+	if rc.err != nil {
+		i.closeRx(rc) // EOF or reset: the peer's EP is gone
+	}
+	return n
+}
+
+// Progress handles the ready sockets: runs the handlers of received
+// messages, writes queued sends, fires completions (worker only). While
+// idle it asks the poller only every 8th call, to keep the worker's spin
+// cheap for the other ifaces it polls.
+func (i *iface) Progress() int {
+	if i.idle > 64 && i.idle&7 != 0 {
+		i.idle++
+		return 0
+	}
+	k := i.poll.wait(i.evs[:])
+	if k == 0 {
+		i.idle++
+		return 0
+	}
+	i.idle = 0
+	n := 0
+	for j := 0; j < k; j++ {
+		fd := eventFd(&i.evs[j])
+		i.mu.Lock()
+		s := i.socks[fd]
 		i.mu.Unlock()
+		switch s := s.(type) {
+		case *rxConn:
+			n += i.receive(s) + 1
+		case *ep:
+			n += s.progress() + 1
+		}
+	}
+	return n
+}
+
+// Arm returns false when a socket is ready; else it lets the waiter
+// goroutine park in the netpoller on the epoll fd, to wake the worker.
+func (i *iface) Arm() bool {
+	if i.poll.ready() {
 		return false
 	}
-	s := &i.ring[(i.head+i.count)%rxRing]
-	if cap(s.buf) < len(data) {
-		s.buf = make([]byte, max(len(data), 1024))
+	i.idle = 0
+	select {
+	case i.armed <- struct{}{}:
+	default:
 	}
-	s.id, s.n = id, copy(s.buf[:cap(s.buf)], data)
-	i.count++
-	i.queued.Store(int32(i.count))
-	i.mu.Unlock()
-	i.w.Wake()
 	return true
 }
 
-// Progress runs the handlers of the messages in the ring (worker only).
-func (i *iface) Progress() int {
-	if i.queued.Load() == 0 {
-		return 0
-	}
-	n := 0
-	for {
-		i.mu.Lock()
-		if i.count == 0 {
-			i.mu.Unlock()
-			return n
+// waiter wakes the worker when a socket becomes ready after Arm.
+func (i *iface) waiter() {
+	defer close(i.waiterEnd)
+	for range i.armed {
+		if err := i.poll.block(); err != nil {
+			return // poller closed
 		}
-		s := &i.ring[i.head]
-		i.mu.Unlock()
-		// Only the worker consumes: the head slot is stable during the handler.
-		if h := i.handlers[s.id].Load(); h != nil {
-			(*h)(s.buf[:s.n])
-		}
-		i.mu.Lock()
-		i.head = (i.head + 1) % rxRing
-		i.count--
-		i.queued.Store(int32(i.count))
-		if i.waiting > 0 {
-			i.space.Broadcast()
-		}
-		i.mu.Unlock()
-		n++
+		i.w.Wake()
 	}
 }
-
-// Arm: readers call Worker.Wake after every message they queue.
-func (i *iface) Arm() bool { return i.queued.Load() == 0 }
 
 // Close stops accepting, closes every connection and endpoint of the iface,
 // waits for its goroutines and detaches it from the worker. Messages not yet
@@ -334,26 +393,38 @@ func (i *iface) Arm() bool { return i.queued.Load() == 0 }
 func (i *iface) Close() error {
 	i.closeOnce.Do(func() {
 		i.mu.Lock()
-		i.closed = true
-		conns := make([]net.Conn, 0, len(i.conns))
-		for c := range i.conns {
-			conns = append(conns, c)
-		}
 		eps := make([]*ep, 0, len(i.eps))
 		for e := range i.eps {
 			eps = append(eps, e)
 		}
-		i.space.Broadcast()
 		i.mu.Unlock()
-		i.lis.Close()
-		for _, c := range conns {
-			c.Close()
-		}
 		for _, e := range eps {
 			e.Close()
 		}
+		i.mu.Lock()
+		i.closed = true
+		hs := make([]net.Conn, 0, len(i.handshake))
+		for c := range i.handshake {
+			hs = append(hs, c)
+		}
+		i.mu.Unlock()
+		i.lis.Close()
+		for _, c := range hs {
+			c.Close()
+		}
 		i.wg.Wait()
-		i.w.Remove(i)
+		i.w.Remove(i) // Progress no longer runs: the sockets are ours to close
+		i.mu.Lock()
+		for fd, s := range i.socks {
+			if rc, ok := s.(*rxConn); ok {
+				rc.c.Close()
+			}
+			delete(i.socks, fd)
+		}
+		i.mu.Unlock()
+		close(i.armed)
+		i.poll.close() // ends a waiter parked in block
+		<-i.waiterEnd
 	})
 	return nil
 }

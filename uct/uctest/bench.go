@@ -25,6 +25,7 @@ func BenchPingPong(b *testing.B, tl string, size int) {
 // BenchPingPongOptions is BenchPingPong on the resource o selects.
 func BenchPingPongOptions(b *testing.B, o Options, size int) {
 	p := newPair(b, o)
+	p.warmup()
 	send, err := sender(b, p.a, size)
 	if err != nil {
 		b.Fatal(err)
@@ -130,6 +131,7 @@ func BenchBandwidth(b *testing.B, tl string, size int) {
 // BenchBandwidthOptions is BenchBandwidth on the resource o selects.
 func BenchBandwidthOptions(b *testing.B, o Options, size int) {
 	p := newPair(b, o)
+	p.warmup()
 	a := p.a.attr
 	frag := a.MaxBcopy
 	if size > a.MaxBcopy && a.Cap.Has(uct.CapAMZcopy) {

@@ -201,6 +201,28 @@ func (p *pair) close() {
 	})
 }
 
+// warmup sends one AM each way and waits for it, so that connections set
+// up lazily (tcp connects in the background) are established.
+func (p *pair) warmup() {
+	p.tb.Helper()
+	const id = amID + 1
+	for _, d := range [][2]*side{{p.a, p.b}, {p.b, p.a}} {
+		rec := newRecorder()
+		d[1].iface.SetAMHandler(id, rec.handle)
+		var err error
+		if d[0].attr.Cap.Has(uct.CapAMShort) {
+			err = retry(func() error { return d[0].ep.AMShort(id, 0, nil) })
+		} else {
+			err = retry(func() error { _, err := d[0].ep.AMBcopy(id, func([]byte) int { return 0 }); return err })
+		}
+		if err != nil {
+			p.tb.Fatalf("uctest: warm-up send: %v", err)
+		}
+		rec.wait(p.tb, 1, 10*time.Second)
+		d[1].iface.SetAMHandler(id, nil)
+	}
+}
+
 // recorder is an AM handler that keeps a copy of every message and checks
 // that handlers of one worker never run concurrently.
 type recorder struct {

@@ -403,8 +403,8 @@ func fill(t *testing.T, s *side, next *atomic.Int64, size int, limit int64, dead
 func testPending(t *testing.T, o Options) {
 	p := newPair(t, o)
 	needCap(t, p, uct.CapAMBcopy)
+	p.warmup()
 	rec := newRecorder()
-	rec.discard = false
 	rec.gate = make(chan struct{})
 	p.b.iface.SetAMHandler(amID, rec.handle)
 	size := p.a.attr.MaxBcopy
@@ -491,6 +491,7 @@ func testFlush(t *testing.T, o Options) {
 
 func testCloseInFlight(t *testing.T, o Options) {
 	p := newPair(t, o)
+	p.warmup()
 	rec := newRecorder()
 	rec.gate = make(chan struct{})
 	rec.discard = true
