@@ -12,6 +12,7 @@ import (
 	"sync/atomic"
 	"testing"
 	"time"
+	"unsafe"
 
 	"go.uber.org/goleak"
 	"golang.org/x/sys/unix"
@@ -429,5 +430,65 @@ func TestPeerIfaceClosed(t *testing.T) {
 	}
 	if err := ep.AMShort(1, 0, nil); !errors.Is(err, uct.ErrClosed) {
 		t.Errorf("send on a closed ep: %v, want ErrClosed", err)
+	}
+}
+
+// A hostile or broken peer scribbling random bytes over the whole FIFO
+// (header, sequence words, lengths, ids) while the consumer and a sender
+// run: no panic, no out-of-bounds access, and Close still works.
+func TestFIFOScribble(t *testing.T) {
+	cfg := uct.DefaultConfig()
+	cfg.ShmFifoSize = 16
+	cfg.ShmSegSize = 256
+	a := openSide(t, cfg, uct.IfaceParams{})
+	b := openSide(t, cfg, uct.IfaceParams{})
+	a.iface.SetAMHandler(1, func(d []byte) {
+		if len(d) > 256 {
+			panic("handler got more than a segment")
+		}
+	})
+	ep := b.connect(t, a)
+	hostile, err := openFIFO(a.iface.pid, a.iface.memfd, a.iface.nonce)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hostile.unmap()
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			ep.AMShort(1, 0, make([]byte, 16))
+			b.w.TryProgress()
+		}
+	}()
+	seed := uint64(1)
+	deadline := time.Now().Add(300 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		for k := 0; k < 64; k++ {
+			seed = seed*6364136223846793005 + 1442695040888963407
+			off := int(seed>>33) % (len(hostile.mem) - 8)
+			off &^= 7
+			atomic.StoreUint64((*uint64)(unsafe.Pointer(&hostile.mem[off])), seed)
+		}
+		// Forge a published element with random id, flags and length
+		// where the consumer will look next.
+		tail := atomic.LoadUint64(hostile.tail())
+		e := hostile.elem(tail)
+		*(*uint64)(unsafe.Add(e, 8)) = seed
+		hostile.setSeq(tail, tail+1)
+		a.w.TryProgress()
+	}
+	close(stop)
+	<-done
+	bad, _ := a.iface.stats()
+	t.Logf("%d malformed elements dropped", bad)
+	if bad == 0 {
+		t.Error("no forged element was seen as malformed")
 	}
 }
