@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"sort"
 	"strings"
 )
@@ -56,7 +57,7 @@ func printComponent(w io.Writer, comp ComponentReport) {
 		if a := md.Attr; a != nil {
 			fmt.Fprintf(w, "#     flags:      %s\n", orNone(a.Flags))
 			fmt.Fprintf(w, "#     reg cost:   %.0f ns + %.3f ns/KiB\n", a.RegCostNs, a.RegCostNsKB)
-			if a.MaxReg == 0 {
+			if a.MaxReg == 0 || a.MaxReg >= math.MaxInt64 {
 				fmt.Fprintf(w, "#     max reg:    unlimited\n")
 			} else {
 				fmt.Fprintf(w, "#     max reg:    %s\n", size(int64(a.MaxReg)))

@@ -354,8 +354,12 @@ func TestTwoProcessesEachTransport(t *testing.T) {
 			if len(doc.Results) != 8 {
 				t.Fatalf("%d results, want 8", len(doc.Results))
 			}
+			prefix := tp + "/"
+			if tp == "ib" {
+				prefix = "rc_verbs/"
+			}
 			for _, r := range doc.Results {
-				if !strings.HasPrefix(r.Transport, tp+"/") {
+				if !strings.HasPrefix(r.Transport, prefix) {
 					t.Errorf("%s %d B ran on %q, want %s", r.Test, r.Size, r.Transport, tp)
 				}
 				rma := r.Test == "put_bw" || r.Test == "get_bw"
