@@ -34,7 +34,20 @@ func quantile(d []time.Duration, q float64) float64 {
 // Read path). Beside it, in the same run and between the same two
 // processes, an 8-byte Go TCP loopback ping-pong. Reports medians in µs.
 func BenchmarkTwoProcessPingPong(b *testing.B) {
-	s := openSide(b, nil, uct.IfaceParams{})
+	// "worker-spins": this side's worker spins its budget while the
+	// benchmark goroutine polls too (three spinners on two vCPUs with the
+	// peer's worker); "worker-parks": ProgressSpin 0, only the waiting
+	// goroutine polls here, as a blocked Read does.
+	b.Run("worker-spins", func(b *testing.B) { benchPingPong(b, uct.DefaultConfig()) })
+	b.Run("worker-parks", func(b *testing.B) {
+		cfg := uct.DefaultConfig()
+		cfg.ProgressSpin = 0
+		benchPingPong(b, cfg)
+	})
+}
+
+func benchPingPong(b *testing.B, cfg *uct.Config) {
+	s := openSide(b, cfg, uct.IfaceParams{})
 	p := startPeer(b, s)
 	var got atomic.Uint64
 	s.iface.SetAMHandler(amEcho, func(d []byte) { got.Store(binary.LittleEndian.Uint64(d)) })

@@ -10,4 +10,18 @@
 // copy straight between the two processes with process_vm_readv/writev.
 //
 // The FIFO layout and the park protocol are documented in fifo.go.
+//
+// Trust: peers are processes of the same user, which could read our memory
+// anyway; still, nothing a peer writes into a FIFO can make this package
+// panic or access memory out of bounds (malformed elements are counted and
+// dropped). AM handlers get the payload in place in shared memory, valid
+// during the call only; a misbehaving peer could change it meanwhile.
+//
+// Limits: a sender killed between reserving an element and publishing it
+// (a window of a few instructions) wedges that FIFO: later elements wait
+// behind it, as in UCX mm. Senders to an iface that closed or whose process
+// died get uct.ErrEndpointReset once its FIFO is full. Under Yama
+// ptrace_scope >= 1 (or a seccomp filter refusing process_vm_readv) the
+// iface does not offer GetZcopy/PutZcopy rather than weaken ptrace
+// protection with prctl(PR_SET_PTRACER).
 package shm

@@ -146,7 +146,17 @@ func createFIFO(nelems, seg int, nonce uint64) (f *fifo, fd int, err error) {
 // does not match the nonce of the address.
 func openFIFO(pid, fd int, nonce uint64) (*fifo, error) {
 	path := fmt.Sprintf("/proc/%d/fd/%d", pid, fd)
-	mfd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC, 0)
+	// A stale address may name a reused fd: never open anything but a
+	// regular file of ours (a device could react to being opened). The
+	// same checks are repeated on the opened file below.
+	var pre unix.Stat_t
+	if err := unix.Stat(path, &pre); err != nil {
+		return nil, fmt.Errorf("stat %s: %w", path, err)
+	}
+	if pre.Mode&unix.S_IFMT != unix.S_IFREG || pre.Uid != uint32(os.Getuid()) {
+		return nil, fmt.Errorf("%s: not a regular file of uid %d", path, os.Getuid())
+	}
+	mfd, err := unix.Open(path, unix.O_RDWR|unix.O_CLOEXEC|unix.O_NOCTTY|unix.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, fmt.Errorf("open %s: %w", path, err)
 	}

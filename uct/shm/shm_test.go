@@ -157,6 +157,26 @@ func TestAttrAndAddresses(t *testing.T) {
 	if _, err := a.iface.CreateEP(uct.EPParams{DevAddr: dev, IfaceAddr: bad}); !errors.Is(err, uct.ErrUnreachable) {
 		t.Errorf("create ep with wrong nonce: %v", err)
 	}
+	// A stale address whose fd now names something else: a pipe, a file.
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	defer w.Close()
+	tmp, err := os.CreateTemp(t.TempDir(), "notafifo")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tmp.Close()
+	tmp.Truncate(1 << 20)
+	for _, fd := range []uintptr{r.Fd(), tmp.Fd()} {
+		stale := append([]byte(nil), ifa...)
+		binary.LittleEndian.PutUint32(stale[4:], uint32(fd))
+		if _, err := a.iface.CreateEP(uct.EPParams{DevAddr: dev, IfaceAddr: stale}); !errors.Is(err, uct.ErrUnreachable) {
+			t.Errorf("create ep to fd %d (not a fifo): %v", fd, err)
+		}
+	}
 }
 
 // The FIFO is a sealed, private memfd: nothing on disk, and peers refuse
