@@ -71,6 +71,8 @@ var bellByte = [1]byte{1}
 var (
 	localMu     sync.RWMutex
 	localIfaces = map[uint64]*iface{}
+	// directLocalWake is false only in tests of the socket doorbell.
+	directLocalWake = true
 )
 
 // kick rings the peer's doorbell if it announced sleep and this producer
@@ -340,7 +342,7 @@ func (i *iface) acquireLocked(k remoteKey, fd int) (*remote, error) {
 		pidfd = -1
 	}
 	r := &remote{key: k, f: f, bell: s, pidfd: pidfd, refs: 1}
-	if k.pid == i.pid {
+	if k.pid == i.pid && directLocalWake {
 		localMu.RLock()
 		r.local = localIfaces[k.nonce]
 		localMu.RUnlock()

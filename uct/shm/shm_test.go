@@ -512,3 +512,49 @@ func TestFIFOScribble(t *testing.T) {
 		t.Error("no forged element was seen as malformed")
 	}
 }
+
+// Lost-wakeup stress: the receiving worker parks at once when idle
+// (ProgressSpin 0), and single messages arrive at random moments around
+// its park, through the socket doorbell and through the direct in-process
+// wake. A lost wake-up shows as a message never delivered.
+func TestParkRace(t *testing.T) {
+	for _, direct := range []bool{false, true} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+			directLocalWake = direct
+			defer func() { directLocalWake = true }()
+			cfg := uct.DefaultConfig()
+			cfg.ProgressSpin = 0
+			a := openSide(t, cfg, uct.IfaceParams{})
+			b := openSide(t, cfg, uct.IfaceParams{})
+			var got atomic.Int64
+			a.iface.SetAMHandler(1, func([]byte) { got.Add(1) })
+			u := b.connect(t, a)
+			if (u.(*ep).rem.local != nil) != direct {
+				t.Fatal("direct wake not as configured")
+			}
+			seed := uint64(7)
+			for i := int64(1); i <= 300; i++ {
+				seed = seed*6364136223846793005 + 1442695040888963407
+				if d := time.Duration(seed>>54) * time.Microsecond; d > 200*time.Microsecond {
+					time.Sleep(d - 200*time.Microsecond) // sometimes: let it park
+				} else {
+					for end := time.Now().Add(d); time.Now().Before(end); { // sometimes: race the park
+					}
+				}
+				if err := u.AMShort(1, 0, nil); err != nil {
+					t.Fatal(err)
+				}
+				deadline := time.Now().Add(2 * time.Second)
+				for got.Load() != i {
+					if time.Now().After(deadline) {
+						t.Fatalf("message %d not delivered: lost wake-up (sleeps %d)", i, a.w.Sleeps.Load())
+					}
+					time.Sleep(20 * time.Microsecond)
+				}
+			}
+			if a.w.Sleeps.Load() < 100 {
+				t.Errorf("receiver parked only %d times: the race was not exercised", a.w.Sleeps.Load())
+			}
+		})
+	}
+}
