@@ -109,7 +109,10 @@ func peerMain(role string) int {
 			defer pprof.StopCPUProfile()
 		}
 	}
-	cfg := uct.DefaultConfig()
+	cfg, err := uct.ConfigFromEnv() // RDMANET_* tune the peer only
+	if err != nil {
+		return fail(err)
+	}
 	s, err := openPlain(cfg, uct.IfaceParams{})
 	if err != nil {
 		return fail(err)
