@@ -222,7 +222,11 @@ func (i *iface) doorbell() {
 			if errors.Is(err, net.ErrClosed) {
 				return
 			}
-			continue // a stray datagram from another local process: ignore
+			// Not expected on a datagram socket; poll anyway in case a
+			// doorbell hid behind it, without spinning on a lasting error.
+			i.w.Wake()
+			time.Sleep(time.Millisecond)
+			continue
 		}
 		i.w.Wake()
 		// Poll once here too unless the worker already is: this goroutine
