@@ -46,8 +46,13 @@ func TestJSONDevices(t *testing.T) {
 		}
 		for _, md := range c.MDs {
 			for j := range md.Transports {
-				if tr := &md.Transports[j]; tr.TL == "self" {
+				tr := &md.Transports[j]
+				if tr.TL == "self" {
 					self = tr
+				}
+				// RDMA ports (in the Soft-RoCE VM) come with their sysfs view.
+				if tr.TL == "rc_verbs" && (tr.DeviceInfo["state"] == nil || tr.DeviceInfo["link_layer"] == nil || tr.DeviceInfo["gids"] == nil) {
+					t.Errorf("%s: device info incomplete: %v", tr.Name, tr.DeviceInfo)
 				}
 			}
 		}

@@ -377,3 +377,20 @@ func TestTwoProcessesEachTransport(t *testing.T) {
 		})
 	}
 }
+
+func TestProgressBar(t *testing.T) {
+	f, err := os.Create(filepath.Join(t.TempDir(), "tty"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	p := startProgress(f, 1000)
+	p.done.Store(500)
+	time.Sleep(450 * time.Millisecond)
+	p.stop()
+	b, _ := os.ReadFile(f.Name())
+	s := string(b)
+	if !strings.Contains(s, "\r["+strings.Repeat("=", 20)+strings.Repeat(" ", 20)+"]  50%") || !strings.HasSuffix(s, "\r\033[K") {
+		t.Errorf("bar output %q", s)
+	}
+}
