@@ -558,3 +558,54 @@ func TestParkRace(t *testing.T) {
 		})
 	}
 }
+
+// Pending requests on an endpoint whose peer goes away while its FIFO is
+// full are dispatched (their retry fails with ErrEndpointReset), not left
+// queued forever.
+func TestPendingPeerGone(t *testing.T) {
+	cfg := uct.DefaultConfig()
+	cfg.ShmFifoSize = 4
+	cfg.ShmSegSize = 256
+	a := openSide(t, cfg, uct.IfaceParams{})
+	b := openSide(t, cfg, uct.IfaceParams{})
+	block := make(chan struct{})
+	var once atomic.Bool
+	b.iface.SetAMHandler(1, func([]byte) {
+		if !once.Swap(true) {
+			<-block
+		}
+	})
+	defer close(block)
+	u := a.connect(t, b)
+	for i := 0; ; i++ {
+		err := u.AMShort(1, 0, nil)
+		if errors.Is(err, uct.ErrNoResource) {
+			break
+		}
+		if err != nil || i > 100 {
+			t.Fatalf("filling: %v after %d", err, i)
+		}
+	}
+	result := make(chan error, 1)
+	req := &uct.PendingReq{Func: func() error {
+		err := u.AMShort(1, 0, nil)
+		if !errors.Is(err, uct.ErrNoResource) {
+			result <- err
+		}
+		return err
+	}}
+	if err := u.PendingAdd(req); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(5 * time.Millisecond)           // a's worker parks with the request queued
+	atomic.StoreUint32(b.iface.rx.closed(), 1) // what b's Close announces
+	select {
+	case err := <-result:
+		if !errors.Is(err, uct.ErrEndpointReset) {
+			t.Fatalf("pending retry: %v, want ErrEndpointReset", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("pending request never dispatched after the peer went away")
+	}
+	waitFor(t, "pending queue drained", func() bool { return a.iface.npend.Load() == 0 })
+}
