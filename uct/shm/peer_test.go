@@ -362,7 +362,7 @@ func TestTwoProcessPingPong(t *testing.T) {
 			runtime.Gosched()
 		}
 		if i%500 == 0 {
-			time.Sleep(2 * time.Millisecond) // let both workers park: exercises the doorbell
+			time.Sleep(5 * time.Millisecond) // let both workers park: exercises the doorbell
 		}
 	}
 	if bad.Load() != 0 {
