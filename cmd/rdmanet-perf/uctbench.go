@@ -30,8 +30,9 @@ type uctSide struct {
 
 	// Waiting: poll the worker for spin (RDMANET_READ_SPIN), then park on
 	// wake until a handler, completion or pending callback signals. A spin
-	// that never parks would starve the Go netpoller, and with it every
-	// transport whose events arrive through it (tcp).
+	// that never parks starves the Go netpoller (the scheduler polls it only
+	// when a P runs out of goroutines), and with it every event source that
+	// goes through it: a transport's wake-ups, the bootstrap socket.
 	spin   time.Duration
 	parked atomic.Bool
 	wake   chan struct{} // 1 slot; stale tokens are harmless (callers re-check)
@@ -73,13 +74,6 @@ func (s *uctSide) addrs() []addrMsg {
 // use selects ti and installs the counting handlers.
 func (s *uctSide) use(ti *uct.TLIface) error {
 	s.ti = ti
-	if ti.Resource.TL == "tcp" {
-		// tcp's events reach the worker through the Go netpoller, which
-		// the scheduler only polls when a P runs out of goroutines: a
-		// second spinning goroutine (beside the worker's own spin) would
-		// delay every message instead of catching it sooner.
-		s.spin = 0
-	}
 	if err := ti.Iface.SetAMHandler(amData, func([]byte) { s.recv.Add(1); s.notify() }); err != nil {
 		return err
 	}
