@@ -190,6 +190,21 @@ func (cq *CQ) Poll(wc []WC) (int, error) {
 	return int(n), nil
 }
 
+// PollBoth polls up to min(len, 32) completions of rcq into rwc and of scq
+// into swc in one cgo crossing, and returns how many of each.
+func PollBoth(rcq *CQ, rwc []WC, scq *CQ, swc []WC) (nr, ns int, err error) {
+	n := min(len(rwc), len(swc), 32)
+	if n == 0 {
+		return 0, 0, nil
+	}
+	r := C.gouct_poll2(rcq.p, (*C.struct_gouct_wc)(unsafe.Pointer(&rwc[0])), scq.p,
+		(*C.struct_gouct_wc)(unsafe.Pointer(&swc[0])), C.int(n))
+	if r < 0 {
+		return 0, 0, fmt.Errorf("ibv_poll_cq: %w", syscall.EIO)
+	}
+	return int(r & 0xffff), int(r >> 16), nil
+}
+
 // ReqNotify arms the CQ for its next completion (ibv_req_notify_cq).
 func (cq *CQ) ReqNotify() error {
 	if rc := C.gouct_req_notify(cq.p); rc != 0 {

@@ -308,3 +308,11 @@ int gouct_poll(struct ibv_cq *cq, struct gouct_wc *out, int n) {
 	}
 	return got;
 }
+
+int gouct_poll2(struct ibv_cq *rcq, struct gouct_wc *rout, struct ibv_cq *scq, struct gouct_wc *sout, int n) {
+	int r = gouct_poll(rcq, rout, n);
+	if (r < 0) return -1;
+	int s = gouct_poll(scq, sout, n);
+	if (s < 0) return -1;
+	return r | (s << 16);
+}

@@ -91,4 +91,7 @@ int gouct_post_inline(struct ibv_qp *qp, uint64_t wr_id, uint32_t imm, uint64_t 
 	const void *p, uint32_t len, uint32_t flags);
 int gouct_post_srq(struct ibv_srq *srq, const struct gouct_rbuf *b, int n);
 int gouct_poll(struct ibv_cq *cq, struct gouct_wc *out, int n);
+// gouct_poll2 polls up to n completions of each CQ (one crossing for a
+// progress round): returns recv count | send count << 16, or -1.
+int gouct_poll2(struct ibv_cq *rcq, struct gouct_wc *rout, struct ibv_cq *scq, struct gouct_wc *sout, int n);
 #endif

@@ -1,0 +1,116 @@
+#!/bin/bash
+# vm-test.sh - the Soft-RoCE part of `make test`: builds test binaries on the
+# host, boots a throw-away VM (scripts/rxevm/run-in-rxe-vm.sh: rxe0 on a dummy
+# netdev, rxe1<->rxe2 on a veth pair) and runs them there with RXEVM=1, where
+# tests that need RDMA fail instead of skipping. Then it runs our benchmarks
+# and perftest on the same devices and prints them side by side.
+#
+#   scripts/vm-test.sh            everything (~5 min under TCG)
+#   VMTEST_BENCH=0 ...            skip the benchmarks
+#   VMTEST_STRICT_PERF=1 ...      fail when a benchmark misses its target
+#                                 (RTT <= 2x ib_send_lat's, bandwidth >= 0.6x ib_write_bw's)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+OUT=$(mktemp -d "${TMPDIR:-/tmp}/gouct-vmtest.XXXXXX")
+trap 'rm -rf "$OUT"' EXIT
+
+# Test binaries: "name package". Each runs in the guest as
+#   $OUT/<name>.test -test.v  (env: RXEVM=1, RXE_DEV=rxe0, IBTEST_DEV_A/B=rxe0:1)
+# Adding a suite is one line here (plus, if it needs them, extra runs in guest.sh below).
+TESTS=(
+  "ibv ./uct/internal/ibv"
+  "ib  ./uct/ib"
+)
+
+echo "vm-test: building test binaries"
+for t in "${TESTS[@]}"; do
+  set -- $t
+  go test -c -o "$OUT/$1.test" "$2"
+done
+
+cat > "$OUT/guest.sh" <<GUEST_EOF
+#!/bin/bash
+# Runs inside the VM.
+OUT=$OUT
+BENCH=${VMTEST_BENCH:-1}
+STRICT=${VMTEST_STRICT_PERF:-0}
+TESTS=(${TESTS[*]@Q})
+GUEST_EOF
+cat >> "$OUT/guest.sh" <<'GUEST_EOF'
+fails=0
+run() {  # label, env..., binary, args...
+  local label=$1; shift
+  echo "=== vm-test: $label"
+  if env "$@"; then echo "--- vm-test ok: $label"; else echo "--- vm-test FAIL: $label"; fails=$((fails+1)); fi
+}
+cd "$OUT"
+for t in "${TESTS[@]}"; do
+  set -- $t
+  run "$1 (rxe0 loopback)" IBTEST_DEV_A=rxe0:1 IBTEST_DEV_B=rxe0:1 "./$1.test" -test.v -test.timeout 300s
+done
+# Across the veth pair: rxe1 -> rxe2 (two devices, two netdevs).
+run "ib rxe1->rxe2 (veth)" IBTEST_DEV_A=rxe1:1 IBTEST_DEV_B=rxe2:1 ./ib.test -test.v -test.timeout 120s \
+  -test.run 'TestPair|TestForkWithLiveQPs|TestEndpointFailure|TestPendingBeforeConnect|TestAttributes'
+
+if [ "$BENCH" = 1 ]; then
+  # perftest on the same devices: server in the background, client in the foreground.
+  perf() {  # out-file server-args... -- client-args...
+    local out=$1; shift
+    local srv=() cli=()
+    while [ "$1" != -- ]; do srv+=("$1"); shift; done; shift; cli=("$@")
+    timeout 60 stdbuf -oL "${srv[@]}" > "$out.srv" 2>&1 & local sp=$!
+    sleep 0.5
+    timeout 60 stdbuf -oL "${cli[@]}" > "$out" 2>&1; local rc=$?
+    wait $sp
+    [ $rc = 0 ] || { echo "perftest failed: ${cli[*]}"; tail -5 "$out" "$out.srv"; }
+  }
+  # The data line follows the column header line that starts with " #bytes".
+  col() { awk -v c="$2" 'f && NF > c {print $c; exit} /^ *#bytes/ {f=1}' "$1"; }
+  bench() {  # our figure: name-regexp unit-column
+    awk -v b="$1" -v u="$2" '$1 ~ b { for (i = 2; i < NF; i++) if ($(i+1) == u) { print $i; exit } }' bench.out
+  }
+  ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a > 0 && b > 0) printf "%.2f", a / b; else print "n/a" }'; }
+  verdict() {  # ratio op limit
+    awk -v r="$1" -v op="$2" -v l="$3" 'BEGIN { if (r == "n/a") print "n/a"; else if ((op == "le" && r <= l) || (op == "ge" && r >= l)) print "met"; else print "MISSED" }'
+  }
+  summary() {  # label dev-a dev-b ib-dev-srv ib-dev-cli ip
+    local label=$1 da=$2 db=$3 ds=$4 dc=$5 ip=$6
+    perf lat.out ib_send_lat -d "$ds" -x 1 -s 8 -n 5000 -- ib_send_lat -d "$dc" -x 1 -s 8 -n 5000 "$ip"
+    perf bw.out ib_write_bw -d "$ds" -x 1 -s 65536 -n 5000 --report_gbits -- ib_write_bw -d "$dc" -x 1 -s 65536 -n 5000 --report_gbits "$ip"
+    IBTEST_DEV_A=$da IBTEST_DEV_B=$db ./ib.test -test.run '^$' -test.bench 'PingPong8$|PutBW64K$|Bandwidth64K$' \
+      -test.benchtime 3000x -test.timeout 300s > bench.out 2>&1 || { cat bench.out; fails=$((fails+1)); }
+    local lat1 typ gbps rtt ours_rtt put am
+    typ=$(col lat.out 5)                          # t_typical: one-way µs (RTT/2)
+    rtt=$(awk -v t="$typ" 'BEGIN { if (t > 0) printf "%.1f", 2 * t }')
+    gbps=$(col bw.out 4)                          # BW average, Gb/s
+    local pbw; pbw=$(awk -v g="$gbps" 'BEGIN { if (g > 0) printf "%.1f", g * 125 }')   # MB/s (1e6)
+    ours_rtt=$(bench 'PingPong8' ns/op | awk '{ printf "%.1f", $1 / 1000 }')
+    put=$(bench 'PutBW64K' MB/s)
+    am=$(bench 'Bandwidth64K' MB/s)
+    local r1 r2 r3
+    r1=$(ratio "$ours_rtt" "$rtt"); r2=$(ratio "$put" "$pbw"); r3=$(ratio "$am" "$pbw")
+    echo
+    echo "=== vm-test benchmarks: $label (ours vs perftest, same VM run)"
+    printf '%-34s %12s %12s %7s  %s\n' "measure" "gouct" "perftest" "ratio" "target"
+    printf '%-34s %12s %12s %7s  %s\n' "8 B AM ping-pong RTT (us)" "$ours_rtt" "$rtt" "$r1" "<= 2.0 $(verdict "$r1" le 2.0)"
+    printf '%-34s %12s %12s %7s  %s\n' "64 KiB put bandwidth (MB/s)" "$put" "$pbw" "$r2" ">= 0.6 $(verdict "$r2" ge 0.6)"
+    printf '%-34s %12s %12s %7s  %s\n' "64 KiB AM zcopy bandwidth (MB/s)" "$am" "$pbw" "$r3" ">= 0.6 $(verdict "$r3" ge 0.6)"
+    echo "(perftest: ib_send_lat -s 8 t_typical x2, ib_write_bw -s 65536 BW average; our go test -bench output:)"
+    grep -E '^Benchmark' bench.out
+    if [ "$STRICT" = 1 ]; then
+      for v in "$(verdict "$r1" le 2.0)" "$(verdict "$r2" ge 0.6)" "$(verdict "$r3" ge 0.6)"; do
+        [ "$v" = met ] || fails=$((fails+1))
+      done
+    fi
+  }
+  summary "rxe0 loopback" rxe0:1 rxe0:1 rxe0 rxe0 "$RXE_IP"
+fi
+echo
+echo "vm-test: $fails failure(s)"
+exit $fails
+GUEST_EOF
+chmod +x "$OUT/guest.sh"
+
+echo "vm-test: booting the Soft-RoCE VM"
+scripts/rxevm/run-in-rxe-vm.sh --veth -t 1100 -- "$OUT/guest.sh"

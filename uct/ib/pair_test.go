@@ -1,0 +1,348 @@
+package ib_test
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+	"unsafe"
+
+	"github.com/gouct/gouct/uct"
+)
+
+// end is one side of a pair test: its own worker, MD and iface, like a process.
+type end struct {
+	w     *uct.Worker
+	md    uct.MD
+	iface uct.Iface
+	ep    uct.EP
+	errs  chan error
+}
+
+// openEnd opens rc_verbs on device dev ("rxe1:1").
+func openEnd(t testing.TB, dev string) *end {
+	t.Helper()
+	c, _ := uct.LookupComponent("ib")
+	cfg := uct.DefaultConfig()
+	md, err := c.OpenMD(strings.Split(dev, ":")[0], cfg)
+	if err != nil {
+		t.Fatalf("open md %s: %v", dev, err)
+	}
+	tls, err := md.TLResources()
+	if err != nil {
+		md.Close()
+		t.Fatalf("%s: %v", dev, err)
+	}
+	var tl *uct.TLResource
+	for i := range tls {
+		if tls[i].Device == dev {
+			tl = &tls[i]
+		}
+	}
+	if tl == nil {
+		md.Close()
+		t.Fatalf("no rc_verbs on %s (have %v)", dev, tls)
+	}
+	e := &end{w: uct.NewWorker(cfg), md: md, errs: make(chan error, 8)}
+	e.iface, err = md.OpenIface(e.w, *tl, uct.IfaceParams{Config: cfg, ErrHandler: func(_ uct.EP, err error) {
+		select {
+		case e.errs <- err:
+		default:
+		}
+	}})
+	if err != nil {
+		e.w.Close()
+		md.Close()
+		t.Fatalf("open iface %s: %v", dev, err)
+	}
+	return e
+}
+
+func (e *end) close(t testing.TB) {
+	if e.ep != nil {
+		if err := e.ep.Close(); err != nil {
+			t.Errorf("ep close: %v", err)
+		}
+	}
+	if err := e.iface.Close(); err != nil {
+		t.Errorf("iface close: %v", err)
+	}
+	e.w.Close()
+	if err := e.md.Close(); err != nil {
+		t.Errorf("md close: %v", err)
+	}
+}
+
+// newPair connects an endpoint on devA to one on devB, both ways.
+func newPair(t testing.TB) (a, b *end) {
+	t.Helper()
+	needRDMA(t)
+	a, b = openEnd(t, devA()), openEnd(t, devB())
+	t.Cleanup(func() { a.close(t); b.close(t) })
+	var err error
+	if a.ep, err = a.iface.CreateEP(uct.EPParams{}); err != nil {
+		t.Fatal(err)
+	}
+	if b.ep, err = b.iface.CreateEP(uct.EPParams{}); err != nil {
+		t.Fatal(err)
+	}
+	aa, _ := a.ep.Address()
+	ba, _ := b.ep.Address()
+	if !a.iface.IsReachable(b.iface.DeviceAddress(), b.iface.IfaceAddress()) {
+		t.Fatalf("%s cannot reach %s", devA(), devB())
+	}
+	if err := a.ep.ConnectToEP(b.iface.DeviceAddress(), ba); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.ep.ConnectToEP(a.iface.DeviceAddress(), aa); err != nil {
+		t.Fatal(err)
+	}
+	return a, b
+}
+
+// inbox collects AMs for a test.
+type inbox struct{ ch chan []byte }
+
+func newInbox(e *end, id uint8) *inbox {
+	in := &inbox{ch: make(chan []byte, 4096)}
+	e.iface.SetAMHandler(id, func(d []byte) { in.ch <- append([]byte(nil), d...) })
+	return in
+}
+
+func (in *inbox) next(t testing.TB) []byte {
+	t.Helper()
+	select {
+	case d := <-in.ch:
+		return d
+	case <-time.After(10 * time.Second):
+		t.Fatal("no message in 10s")
+		return nil
+	}
+}
+
+func retry(f func() error) error {
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		err := f()
+		if !errors.Is(err, uct.ErrNoResource) || time.Now().After(deadline) {
+			return err
+		}
+		runtime.Gosched()
+	}
+}
+
+func wait(t testing.TB, err error, ch chan error) error {
+	t.Helper()
+	if !errors.Is(err, uct.ErrInProgress) {
+		return err
+	}
+	select {
+	case err := <-ch:
+		return err
+	case <-time.After(10 * time.Second):
+		t.Fatal("completion did not fire in 10s")
+		return nil
+	}
+}
+
+func comp() (*uct.Completion, chan error) {
+	ch := make(chan error, 1)
+	return uct.NewCompletion(1, func(err error) { ch <- err }), ch
+}
+
+// exercise sends every AM kind both ways and does a put and a get.
+func exercise(t *testing.T, a, b *end, tag string) {
+	t.Helper()
+	inA, inB := newInbox(a, 3), newInbox(b, 3)
+	payload := []byte("hello over " + tag)
+	if err := retry(func() error { return a.ep.AMShort(3, 42, payload) }); err != nil {
+		t.Fatalf("AMShort: %v", err)
+	}
+	if got := inB.next(t); !bytes.Equal(got[8:], payload) || got[0] != 42 {
+		t.Fatalf("AMShort got %q", got)
+	}
+	big := bytes.Repeat([]byte("0123456789abcdef"), a.iface.Attr().MaxBcopy/16)
+	if _, err := b.ep.AMBcopy(3, func(buf []byte) int { return copy(buf, big) }); err != nil {
+		t.Fatalf("AMBcopy: %v", err)
+	}
+	if got := inA.next(t); !bytes.Equal(got, big) {
+		t.Fatalf("AMBcopy: got %d bytes, want %d", len(got), len(big))
+	}
+	// Zero copy from registered user memory, then RMA both ways.
+	zb := bytes.Repeat([]byte{0x5a}, 4000)
+	zh, err := a.md.Register(zb, uct.AccessLocalRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.md.Deregister(zh)
+	c, ch := comp()
+	if err := wait(t, a.ep.AMZcopy(3, []byte("hdr"), []uct.IOV{{Buf: zb, MemH: zh}}, c), ch); err != nil {
+		t.Fatalf("AMZcopy: %v", err)
+	}
+	if got := inB.next(t); string(got[:3]) != "hdr" || !bytes.Equal(got[3:], zb) {
+		t.Fatalf("AMZcopy: got %d bytes", len(got))
+	}
+	remote := make([]byte, 1<<20)
+	rh, err := b.md.Register(remote, uct.AccessLocalWrite|uct.AccessRemoteWrite|uct.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.md.Deregister(rh)
+	rkey, _ := b.md.PackRKey(rh)
+	raddr := uint64(uintptr(unsafe.Pointer(&remote[0])))
+	local := make([]byte, 1<<20)
+	for i := range local {
+		local[i] = byte(i * 7)
+	}
+	lh, err := a.md.Register(local, uct.AccessLocalWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.md.Deregister(lh)
+	c, ch = comp()
+	if err := wait(t, a.ep.PutZcopy([]uct.IOV{{Buf: local, MemH: lh}}, raddr, rkey, c), ch); err != nil {
+		t.Fatalf("PutZcopy: %v", err)
+	}
+	if !bytes.Equal(remote, local) {
+		t.Fatal("PutZcopy: remote differs")
+	}
+	for i := range remote {
+		remote[i] = byte(i * 13)
+	}
+	c, ch = comp()
+	if err := wait(t, a.ep.GetZcopy([]uct.IOV{{Buf: local, MemH: lh}}, raddr, rkey, c), ch); err != nil {
+		t.Fatalf("GetZcopy: %v", err)
+	}
+	if !bytes.Equal(remote, local) {
+		t.Fatal("GetZcopy: local differs")
+	}
+}
+
+// TestPair: every operation between IBTEST_DEV_A and IBTEST_DEV_B (the
+// veth pair rxe1→rxe2 in scripts/vm-test.sh).
+func TestPair(t *testing.T) {
+	a, b := newPair(t)
+	exercise(t, a, b, devA()+"->"+devB())
+}
+
+// TestForkWithLiveQPs: a process with connected QPs and registered memory
+// runs os/exec children and its endpoints keep working (the seed's
+// copy-on-write hazard).
+func TestForkWithLiveQPs(t *testing.T) {
+	a, b := newPair(t)
+	exercise(t, a, b, "before fork")
+	for i := 0; i < 5; i++ {
+		out, err := exec.Command("sh", "-c", "echo child $$").Output()
+		if err != nil || !strings.HasPrefix(string(out), "child") {
+			t.Fatalf("child %d: %q %v", i, out, err)
+		}
+	}
+	exercise(t, a, b, "after fork")
+}
+
+// TestEndpointFailure: an RDMA write with a wrong rkey puts the QP in the
+// error state: the completion fails, ErrHandler runs, and later operations
+// return ErrEndpointReset instead of hanging.
+func TestEndpointFailure(t *testing.T) {
+	a, b := newPair(t)
+	local := make([]byte, 64)
+	lh, err := a.md.Register(local, uct.AccessLocalRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.md.Deregister(lh)
+	remote := make([]byte, 64)
+	rh, err := b.md.Register(remote, uct.AccessRemoteWrite)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.md.Deregister(rh)
+	rkey, _ := b.md.PackRKey(rh)
+	rkey[0] ^= 0x5a
+	c, ch := comp()
+	err = wait(t, a.ep.PutZcopy([]uct.IOV{{Buf: local, MemH: lh}}, uint64(uintptr(unsafe.Pointer(&remote[0]))), rkey, c), ch)
+	if !errors.Is(err, uct.ErrEndpointReset) {
+		t.Fatalf("put with a bad rkey: %v, want ErrEndpointReset", err)
+	}
+	select {
+	case err := <-a.errs:
+		if !errors.Is(err, uct.ErrEndpointReset) {
+			t.Errorf("ErrHandler got %v", err)
+		}
+		t.Logf("ErrHandler: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("ErrHandler not called")
+	}
+	if err := a.ep.AMShort(1, 0, nil); !errors.Is(err, uct.ErrEndpointReset) {
+		t.Errorf("AMShort on a failed endpoint: %v", err)
+	}
+	if err := a.ep.Flush(nil); !errors.Is(err, uct.ErrEndpointReset) {
+		t.Errorf("Flush on a failed endpoint: %v", err)
+	}
+}
+
+// TestPendingBeforeConnect: requests queued on an unconnected endpoint run
+// once it connects.
+func TestPendingBeforeConnect(t *testing.T) {
+	needRDMA(t)
+	a, b := openEnd(t, devA()), openEnd(t, devB())
+	defer func() { a.close(t); b.close(t) }()
+	var err error
+	a.ep, _ = a.iface.CreateEP(uct.EPParams{})
+	b.ep, _ = b.iface.CreateEP(uct.EPParams{})
+	if err = a.ep.AMShort(2, 1, nil); !errors.Is(err, uct.ErrNoResource) {
+		t.Fatalf("AMShort before connect: %v, want ErrNoResource", err)
+	}
+	in := newInbox(b, 2)
+	var ran atomic.Bool
+	if err := a.ep.PendingAdd(&uct.PendingReq{Func: func() error {
+		ran.Store(true)
+		return a.ep.AMShort(2, 7, []byte("queued"))
+	}}); err != nil {
+		t.Fatalf("PendingAdd before connect: %v", err)
+	}
+	aa, _ := a.ep.Address()
+	ba, _ := b.ep.Address()
+	if err := b.ep.ConnectToEP(a.iface.DeviceAddress(), aa); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ep.ConnectToEP(b.iface.DeviceAddress(), ba); err != nil {
+		t.Fatal(err)
+	}
+	if got := in.next(t); string(got[8:]) != "queued" || !ran.Load() {
+		t.Fatalf("got %q", got)
+	}
+	if err := a.ep.ConnectToEP(b.iface.DeviceAddress(), ba); err == nil {
+		t.Error("second ConnectToEP: no error")
+	}
+	if err := a.ep.ConnectToEP(nil, []byte("short")); err == nil {
+		t.Error("ConnectToEP with a garbage address: no error")
+	}
+}
+
+// TestAttributes: what the port query reports is sane.
+func TestAttributes(t *testing.T) {
+	a, _ := newPair(t)
+	at := a.iface.Attr()
+	t.Logf("%s: %+v", devA(), at)
+	if at.Bandwidth.Dedicated <= 0 || at.Latency.C <= 0 {
+		t.Errorf("bandwidth %v latency %v", at.Bandwidth, at.Latency)
+	}
+	if at.MaxShort < 8 || at.MaxBcopy < 1024 || at.MaxIOV < 1 || at.MaxPut < 1<<20 {
+		t.Errorf("limits: %+v", at)
+	}
+	if !at.Cap.Has(uct.CapAMShort | uct.CapAMBcopy | uct.CapAMZcopy | uct.CapPutZcopy | uct.CapGetZcopy | uct.CapConnectToEP | uct.CapEvent) {
+		t.Errorf("caps %v", at.Cap)
+	}
+	if r := a.iface.Resource(); r.TL != "rc_verbs" || r.Type != uct.DeviceNet || r.Device != devA() {
+		t.Errorf("resource %+v", r)
+	}
+	if got := fmt.Sprint(a.md.Attr().RKeySize); got != "4" {
+		t.Errorf("rkey size %s", got)
+	}
+}
