@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -95,7 +96,7 @@ func baselineTest(test string) string {
 // run at that size comes back as a Result with a Note, not as an error.
 func (cl *client) step(test string, size, iters, warmup int, base int64) (Result, error) {
 	network := netRDMA
-	if t, ok := cutPrefix(test, "tcp:"); ok {
+	if t, ok := strings.CutPrefix(test, "tcp:"); ok {
 		network, test = netTCP, t
 	}
 	r := Result{Test: test, Size: size, Iterations: iters, Warmup: warmup}
@@ -105,13 +106,6 @@ func (cl *client) step(test string, size, iters, warmup int, base int64) (Result
 	}
 	r.Layer = "conn"
 	return r, cl.connStep(&r, network, base)
-}
-
-func cutPrefix(s, p string) (string, bool) {
-	if len(s) >= len(p) && s[:len(p)] == p {
-		return s[len(p):], true
-	}
-	return s, false
 }
 
 func layerOf(test string) string {

@@ -80,8 +80,9 @@ func (s *uctSide) use(ti *uct.TLIface) error {
 	return ti.Iface.SetAMHandler(amAck, func([]byte) { s.acks.Add(1); s.notify() })
 }
 
-// connectIface creates an endpoint to the peer's iface (connect-to-iface
-// transports) or an unconnected one (connect-to-EP: rc_verbs).
+// createEP creates an endpoint to the peer's iface (connect-to-iface
+// transports) or an unconnected one (connect-to-EP: rc_verbs), which the
+// caller connects once the peer's endpoint address is known.
 func (s *uctSide) createEP(peer addrMsg) error {
 	p := uct.EPParams{}
 	if s.ti.Attr.Cap.Has(uct.CapConnectToIface) {
