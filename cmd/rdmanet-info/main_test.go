@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 
@@ -37,6 +38,7 @@ func TestJSONDevices(t *testing.T) {
 		t.Fatalf("%d components, registry has %d", len(rep.Components), len(want))
 	}
 	var self *TransportReport
+	sawRC := false
 	for i, c := range rep.Components {
 		if c.Name != want[i].Component.Name() {
 			t.Fatalf("component %d is %q, want %q (sorted)", i, c.Name, want[i].Component.Name())
@@ -50,12 +52,16 @@ func TestJSONDevices(t *testing.T) {
 				if tr.TL == "self" {
 					self = tr
 				}
+				sawRC = sawRC || (tr.TL == "rc_verbs" && tr.Iface != nil)
 				// RDMA ports (in the Soft-RoCE VM) come with their sysfs view.
 				if tr.TL == "rc_verbs" && (tr.DeviceInfo["state"] == nil || tr.DeviceInfo["link_layer"] == nil || tr.DeviceInfo["gids"] == nil) {
 					t.Errorf("%s: device info incomplete: %v", tr.Name, tr.DeviceInfo)
 				}
 			}
 		}
+	}
+	if os.Getenv("RXEVM") == "1" && !sawRC {
+		t.Errorf("RXEVM=1 but no rc_verbs port listed: %s", out)
 	}
 	if self == nil || self.Iface == nil {
 		t.Fatalf("self transport missing or not opened: %s", out)

@@ -13,6 +13,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -337,6 +338,10 @@ func TestStats(t *testing.T) {
 // supports between two processes when forced with -x.
 func TestTwoProcessesEachTransport(t *testing.T) {
 	tps := interProcess()
+	if os.Getenv("RXEVM") == "1" && !slices.Contains(tps, "ib") {
+		// In the Soft-RoCE VM (scripts/vm-test.sh) rc_verbs must be there.
+		t.Fatalf("RXEVM=1 but the ib component is unavailable: %v", uct.Components())
+	}
 	if len(tps) == 0 {
 		t.Skip("no inter-process transport built in (self only)")
 	}
