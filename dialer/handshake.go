@@ -1,0 +1,225 @@
+package dialer
+
+import (
+	"fmt"
+	"net"
+	"os"
+
+	"github.com/gouct/gouct/internal/rt"
+	"github.com/gouct/gouct/internal/stream"
+	"github.com/gouct/gouct/internal/wire"
+	"github.com/gouct/gouct/uct"
+)
+
+// candidate is one transport offered in the Hello, with what the client
+// prepared for it: a stream conn (its id goes in the Hello) and, for
+// connect-to-EP transports, the unconnected EP whose address goes in it too.
+type candidate struct {
+	t  *rt.Transport
+	sc *stream.Conn
+	ep uct.EP
+}
+
+func (c *candidate) release(err error) {
+	if c.sc != nil {
+		c.sc.Abort(err)
+		c.sc = nil
+	}
+	if c.ep != nil {
+		c.ep.Close()
+		c.ep = nil
+	}
+}
+
+// handshake runs the client side of the wireup on the bootstrap socket tc
+// (DESIGN.md "Wireup"): Hello with candidates → Reply → connect → Ready both
+// ways → stream start. The caller has set tc's deadline and closes tc when
+// handshake fails; on success tc belongs to the returned conn.
+func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool) (rt.Conn, error) {
+	r := rt.Get(cfg)
+	tcpOK := rt.TCPAllowed(cfg)
+	allowed := r.Allowed(cfg)
+	if len(allowed) > wire.MaxCandidates {
+		allowed = allowed[:wire.MaxCandidates]
+	}
+
+	// Step 1 (seed: exchange addresses out of band): prepare candidates and send Hello.
+	cands := make([]candidate, 0, len(allowed))
+	defer func() {
+		for i := range cands {
+			cands[i].release(errAborted)
+		}
+	}()
+	h := wire.Hello{Host: rt.LocalHost(), PID: uint32(os.Getpid()), Asked: rt.TLSString(cfg)}
+	if tcpOK {
+		h.Flags |= wire.FlagTCPAllowed
+	}
+	if cfg.TLSForced() {
+		h.Flags |= wire.FlagForced
+	}
+	for _, t := range allowed {
+		c, wc, err := prepare(t)
+		if err != nil {
+			// A transport that cannot take a conn now is not offered.
+			continue
+		}
+		cands = append(cands, c)
+		h.Cands = append(h.Cands, wc)
+	}
+	buf := make([]byte, 0, wire.MaxFrame)
+	out, err := wire.AppendHello(buf, &h)
+	if err != nil {
+		return nil, fmt.Errorf("%w: encode hello: %w", rt.ErrHandshake, err)
+	}
+	if _, err := tc.Write(out); err != nil {
+		return nil, fmt.Errorf("%w: send hello: %w", rt.ErrHandshake, err)
+	}
+
+	// Step 2: the server's choice.
+	frame, err := wire.ReadFrame(tc, wire.TypeReply, buf)
+	if err != nil {
+		return nil, fmt.Errorf("%w: read reply: %w", rt.ErrHandshake, err)
+	}
+	rep, err := wire.DecodeReply(frame)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", rt.ErrHandshake, err)
+	}
+	switch rep.Status {
+	case wire.StatusFallback:
+		if !tcpOK {
+			return nil, fmt.Errorf("%w: server fell back to tcp (%v), which this side does not allow (RDMANET_TLS=%s)",
+				rt.ErrHandshake, rep.Reason, rt.TLSString(cfg))
+		}
+		if !detach() {
+			return nil, errAborted
+		}
+		return rt.NewTCPConn(tc, fallbackText(rep.Reason, rep.Detail)), nil
+	case wire.StatusRefused:
+		return nil, refused(cfg, rt.Offered(allowed, tcpOK), rep.Offered, rep.Reason, rep.Detail)
+	}
+	if int(rep.Choice) >= len(cands) {
+		return nil, fmt.Errorf("%w: server chose candidate %d of %d", rt.ErrHandshake, rep.Choice, len(cands))
+	}
+	ch := &cands[rep.Choice]
+
+	// Step 3: connect our EP to the server's iface or EP, then Ready both ways.
+	ready := wire.Ready{}
+	ep, err := connect(ch, &rep)
+	if err != nil {
+		ready = wire.Ready{Status: wire.StatusRefused, Reason: wire.ReasonConnectError, Detail: err.Error()}
+		if tcpOK {
+			ready.Status = wire.StatusFallback
+		}
+	}
+	if out, err = wire.AppendReady(buf[:0], &ready); err == nil {
+		_, err = tc.Write(out)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("%w: send ready: %w", rt.ErrHandshake, err)
+	}
+	frame, err = wire.ReadFrame(tc, wire.TypeReady, buf)
+	if err != nil {
+		return nil, fmt.Errorf("%w: read ready: %w", rt.ErrHandshake, err)
+	}
+	sr, err := wire.DecodeReady(frame)
+	if err != nil {
+		return nil, fmt.Errorf("%w: %w", rt.ErrHandshake, err)
+	}
+	switch {
+	case sr.Status == wire.StatusFallback && tcpOK:
+		if !detach() {
+			return nil, errAborted
+		}
+		return rt.NewTCPConn(tc, fallbackText(sr.Reason, sr.Detail)), nil
+	case sr.Status != wire.StatusOK:
+		return nil, fmt.Errorf("%w: %s: server gave up: %v: %s", rt.ErrHandshake, ch.t.Name(), sr.Reason, sr.Detail)
+	case ready.Status != wire.StatusOK:
+		return nil, fmt.Errorf("%w: server ignored our connect error on %s", rt.ErrHandshake, ch.t.Name())
+	}
+
+	// Step 4: the stream starts; from here the stream owns tc.
+	if !detach() {
+		return nil, errAborted
+	}
+	sc := ch.sc
+	ch.sc, ch.ep = nil, nil
+	if err := sc.Start(ep, rep.ConnID, tc, rt.Addr(tc.LocalAddr()), rt.Addr(tc.RemoteAddr())); err != nil {
+		sc.Abort(err)
+		ep.Close()
+		return nil, fmt.Errorf("%w: start stream on %s: %w", rt.ErrHandshake, ch.t.Name(), err)
+	}
+	return sc, nil
+}
+
+// prepare allocates the stream conn (and the unconnected EP of a
+// connect-to-EP transport) for one candidate.
+func prepare(t *rt.Transport) (candidate, wire.Candidate, error) {
+	c := candidate{t: t}
+	sc, err := t.Mux.NewConn()
+	if err != nil {
+		return c, wire.Candidate{}, err
+	}
+	c.sc = sc
+	a := t.TI.Address()
+	wc := wire.Candidate{TL: a.TL, Device: a.Device, DevAddr: a.DevAddr, IfaceAddr: a.IfaceAddr,
+		Cap: uint64(t.TI.Attr.Cap), ConnID: sc.ID()}
+	if !t.TI.Attr.Cap.Has(uct.CapConnectToIface) && t.TI.Attr.Cap.Has(uct.CapConnectToEP) {
+		ep, err := t.TI.Iface.CreateEP(uct.EPParams{})
+		if err == nil {
+			c.ep = ep
+			wc.EPAddr, err = ep.Address()
+		}
+		if err != nil {
+			c.release(err)
+			return c, wire.Candidate{}, err
+		}
+	}
+	return c, wc, nil
+}
+
+// connect finishes the chosen candidate's EP against the server's addresses.
+func connect(c *candidate, rep *wire.Reply) (uct.EP, error) {
+	if c.ep != nil {
+		if err := c.ep.ConnectToEP(rep.DevAddr, rep.EPAddr); err != nil {
+			return nil, fmt.Errorf("%s: connect to server ep: %w", c.t.Name(), err)
+		}
+		return c.ep, nil
+	}
+	ep, err := c.t.TI.Iface.CreateEP(uct.EPParams{DevAddr: rep.DevAddr, IfaceAddr: rep.IfaceAddr})
+	if err != nil {
+		return nil, fmt.Errorf("%s: connect to server iface: %w", c.t.Name(), err)
+	}
+	c.ep = ep
+	return ep, nil
+}
+
+func fallbackText(r wire.Reason, detail string) string {
+	if detail == "" {
+		return r.String()
+	}
+	return r.String() + ": " + detail
+}
+
+// refused is the error of a forced transport list that found nothing common:
+// it names what was asked and what each side offered.
+func refused(cfg *uct.Config, local, peer string, r wire.Reason, detail string) error {
+	sentinel := rt.ErrNoTransport
+	switch r {
+	case wire.ReasonVersion, wire.ReasonInternal, wire.ReasonConnectError:
+		sentinel = rt.ErrHandshake
+	}
+	s := fmt.Sprintf("%v: asked for %q (this side offers %s), peer offers %s: %v",
+		sentinel, rt.TLSString(cfg), local, peer, r)
+	if detail != "" {
+		s += ": " + detail
+	}
+	return &refusedError{msg: s, sentinel: sentinel}
+}
+
+type refusedError struct {
+	msg      string
+	sentinel error
+}
+
+func (e *refusedError) Error() string { return e.msg }
+func (e *refusedError) Unwrap() error { return e.sentinel }

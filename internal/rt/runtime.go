@@ -1,0 +1,107 @@
+package rt
+
+import (
+	"log/slog"
+	"strings"
+	"sync"
+
+	"github.com/gouct/gouct/internal/stream"
+	"github.com/gouct/gouct/uct"
+
+	// Transports, registered for their side effect. The uct "tcp"
+	// transport is never opened here: the raw TCP fallback replaces it.
+	_ "github.com/gouct/gouct/uct/self"
+)
+
+// Transport is one opened transport resource with its stream multiplexer.
+type Transport struct {
+	TI  *uct.TLIface
+	Mux *stream.Mux
+}
+
+// Name is how conns report the transport: the TL name for host-local
+// transports ("shm", "self"), "tl/device" for network devices
+// ("rc_verbs/rxe0:1").
+func (t *Transport) Name() string { return TransportName(t.TI.Resource) }
+
+// TransportName formats r as Transport.Name does.
+func TransportName(r uct.TLResource) string {
+	if r.Type == uct.DeviceNet {
+		return r.Name()
+	}
+	return r.TL
+}
+
+// HostLocal reports whether the transport only reaches this host (shm, self).
+func (t *Transport) HostLocal() bool { return t.TI.Resource.Type != uct.DeviceNet }
+
+// Runtime is the process-wide transport state: one worker, its ifaces and
+// their muxes. It lives as long as the process; every method is safe for
+// concurrent use, and the fields are read-only after Get.
+type Runtime struct {
+	Worker     *uct.Worker
+	Ifaces     *uct.Ifaces
+	Transports []*Transport
+	// Skipped lists resources not opened and why (for logs and rdmanet-info).
+	Skipped []error
+}
+
+var (
+	rtOnce sync.Once
+	rtInst *Runtime
+)
+
+// Get returns the runtime, opening it on first use with cfg (already
+// resolved; see Resolve). Worker and iface tuning (progress spin, shm FIFO,
+// IB queues, receive window) therefore come from the first Listen or Dial's
+// configuration; the transport list (TLS) of each Listen and Dial restricts
+// the candidates per connection, so every allowed transport except uct's
+// "tcp" is opened here.
+func Get(cfg *uct.Config) *Runtime {
+	rtOnce.Do(func() { rtInst = open(cfg) })
+	return rtInst
+}
+
+func open(cfg *uct.Config) *Runtime {
+	c := *cfg
+	c.TLS = []string{"^tcp"}
+	w := uct.NewWorker(&c)
+	ifs := uct.OpenIfaces(w, &c, uct.IfaceParams{Config: &c})
+	r := &Runtime{Worker: w, Ifaces: ifs, Skipped: ifs.Skipped}
+	for _, ti := range ifs.List {
+		m, err := stream.NewMux(w, ti, &c)
+		if err != nil {
+			slog.Warn("rdmanet: transport not usable", "transport", ti.Name(), "err", err)
+			r.Skipped = append(r.Skipped, err)
+			continue
+		}
+		r.Transports = append(r.Transports, &Transport{TI: ti, Mux: m})
+	}
+	return r
+}
+
+// Allowed returns the transports cfg allows, in the runtime's order.
+func (r *Runtime) Allowed(cfg *uct.Config) []*Transport {
+	var out []*Transport
+	for _, t := range r.Transports {
+		if cfg.TLAllowed(t.TI.Component, t.TI.Resource.TL) {
+			out = append(out, t)
+		}
+	}
+	return out
+}
+
+// Offered lists the names of ts, plus "tcp" when tcp is true, for errors.
+func Offered(ts []*Transport, tcp bool) string {
+	var names []string
+	for _, t := range ts {
+		names = append(names, t.Name())
+	}
+	if tcp {
+		names = append(names, "tcp")
+	}
+	if len(names) == 0 {
+		return "nothing"
+	}
+	return strings.Join(names, ",")
+}
