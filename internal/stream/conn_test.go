@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"crypto/sha256"
 	"errors"
+	"fmt"
 	"io"
 	"math/rand"
 	"net"
@@ -60,21 +61,37 @@ func integritySizes(m *Mux) []int {
 		s = append(s, m.maxShort-1, m.maxShort, m.maxShort+1)
 	}
 	s = append(s, m.maxFrag-1, m.maxFrag, m.maxFrag+1, 2*m.maxFrag+3)
-	if t := m.rndvThresh; t > 0 {
+	if t := m.rndvThresh; t > 0 && t < 8<<20 {
 		s = append(s, t-1, t, t+1)
 	}
 	s = append(s, initialCredit-1, initialCredit+1, m.window-1, m.window+1, 3<<20+17, 9<<20+5)
 	return s
 }
 
-// stream writes total bytes of seeded random data to c in random sizes drawn
+// pick draws a size: mostly one of the first ten (small, the protocol
+// edges: many messages), one time in 32 any (large: many bytes).
+func pick(rng *rand.Rand, sizes []int) int {
+	if rng.Intn(32) != 0 {
+		return sizes[rng.Intn(min(10, len(sizes)))]
+	}
+	return sizes[rng.Intn(len(sizes))]
+}
+
+// forEachTL runs f as a subtest per transport.
+func forEachTL(t *testing.T, f func(t *testing.T, tl string)) {
+	for _, tl := range transports() {
+		t.Run(tl, func(t *testing.T) { f(t, tl) })
+	}
+}
+
+// writeStream writes total bytes of seeded random data to c in random sizes drawn
 // from sizes and returns their hash; the reader side hashes what it reads.
 func writeStream(c net.Conn, seed int64, total int, sizes []int) ([32]byte, error) {
 	rng := rand.New(rand.NewSource(seed))
 	buf := make([]byte, 10<<20)
 	h := sha256.New()
 	for sent := 0; sent < total; {
-		n := min(sizes[rng.Intn(len(sizes))], total-sent)
+		n := min(pick(rng, sizes), total-sent)
 		b := buf[:n]
 		rng.Read(b)
 		h.Write(b)
@@ -99,7 +116,7 @@ func readStream(c net.Conn, seed int64, total int, sizes []int) ([32]byte, error
 	buf := make([]byte, 10<<20)
 	h := sha256.New()
 	for got := 0; got < total; {
-		n := max(1, min(sizes[rng.Intn(len(sizes))], len(buf)))
+		n := max(1, min(pick(rng, sizes), len(buf)))
 		k, err := c.Read(buf[:n])
 		h.Write(buf[:k])
 		got += k
@@ -125,55 +142,74 @@ func TestIntegrity(t *testing.T) {
 		total = mb << 20
 	}
 	for _, tl := range transports() {
-		t.Run(tl, func(t *testing.T) {
-			e := newEnv(t, tl, nil)
-			p := e.pair(t)
-			defer p.close()
-			sizes := integritySizes(e.a.mux)
-			t.Logf("%s: maxShort %d maxFrag %d rndv %d window %d; %d MiB each way",
-				tl, e.a.mux.maxShort, e.a.mux.maxFrag, e.a.mux.rndvThresh, e.a.mux.window, total>>20)
-			var wg sync.WaitGroup
-			res := make([][32]byte, 4)
-			errs := make([]error, 4)
-			run := func(i int, f func() ([32]byte, error)) {
-				wg.Add(1)
-				go func() { defer wg.Done(); res[i], errs[i] = f() }()
-			}
-			run(0, func() ([32]byte, error) { return writeStream(p.c1, 1, total/2, sizes) })
-			run(1, func() ([32]byte, error) { return readStream(p.c2, 2, total/2, sizes) })
-			run(2, func() ([32]byte, error) { return writeStream(p.c2, 3, total/2, sizes) })
-			run(3, func() ([32]byte, error) { return readStream(p.c1, 4, total/2, sizes) })
-			wg.Wait()
-			for i, err := range errs {
-				if err != nil {
-					t.Fatalf("stream %d: %v", i, err)
-				}
-			}
-			if res[0] != res[1] || res[2] != res[3] {
-				t.Fatal("data corrupted: checksums differ")
-			}
-			s := p.c1.Stats()
-			t.Logf("c1 stats %+v", s)
-			if s.MsgShort == 0 || s.MsgBcopy == 0 || (e.a.mux.rndvThresh > 0 && s.MsgRndv == 0) {
-				t.Errorf("not every protocol exercised: %+v", s)
-			}
-			if s.BytesWritten != uint64(total/2) || s.BytesRead != uint64(total/2) {
-				t.Errorf("byte counters %d/%d, want %d", s.BytesWritten, s.BytesRead, total/2)
-			}
-		})
+		t.Run(tl, func(t *testing.T) { testIntegrity(t, tl, nil, total) })
+		// Copies only: every large write is pipelined bcopy across many
+		// credit round trips of a small window.
+		cfg := uct.DefaultConfig()
+		cfg.RndvThresh = 1 << 30
+		cfg.RxWindow = 256 << 10
+		t.Run(tl+"-copy", func(t *testing.T) { testIntegrity(t, tl, cfg, total/4) })
+	}
+}
+
+func testIntegrity(t *testing.T, tl string, cfg *uct.Config, total int) {
+	e := newEnv(t, tl, cfg)
+	p := e.pair(t)
+	defer p.close()
+	m := e.a.mux
+	sizes := integritySizes(m)
+	t.Logf("%s: maxShort %d maxFrag %d rndv %d window %d; %d MiB each way",
+		tl, m.maxShort, m.maxFrag, m.rndvThresh, m.window, total>>21)
+	var wg sync.WaitGroup
+	res := make([][32]byte, 4)
+	errs := make([]error, 4)
+	run := func(i int, f func() ([32]byte, error)) {
+		wg.Add(1)
+		go func() { defer wg.Done(); res[i], errs[i] = f() }()
+	}
+	run(0, func() ([32]byte, error) { return writeStream(p.c1, 1, total/2, sizes) })
+	run(1, func() ([32]byte, error) { return readStream(p.c2, 2, total/2, sizes) })
+	run(2, func() ([32]byte, error) { return writeStream(p.c2, 3, total/2, sizes) })
+	run(3, func() ([32]byte, error) { return readStream(p.c1, 4, total/2, sizes) })
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			t.Fatalf("stream %d: %v", i, err)
+		}
+	}
+	if res[0] != res[1] || res[2] != res[3] {
+		t.Fatal("data corrupted: checksums differ")
+	}
+	s := p.c1.Stats()
+	t.Logf("c1 stats %+v", s)
+	if s.MsgShort == 0 || (m.maxFrag > m.maxShort && s.MsgBcopy == 0) ||
+		(m.rndvThresh > 0 && m.rndvThresh < 8<<20 && s.MsgRndv == 0) {
+		t.Errorf("not every protocol exercised: %+v", s)
+	}
+	if s.BytesWritten != uint64(total/2) || s.BytesRead != uint64(total/2) {
+		t.Errorf("byte counters %d/%d, want %d", s.BytesWritten, s.BytesRead, total/2)
 	}
 }
 
 // TestRendezvousReadSizes pulls one rendezvous write with tiny, medium and
 // huge Read buffers (staged and direct pulls).
-func TestRendezvousReadSizes(t *testing.T) {
-	e := newEnv(t, "self", nil)
+func TestRendezvousReadSizes(t *testing.T) { forEachTL(t, testRendezvousReadSizes) }
+
+func testRendezvousReadSizes(t *testing.T, tl string) {
+	e := newEnv(t, tl, nil)
 	if e.a.mux.rndvThresh == 0 {
-		t.Fatal("self has GetZcopy: rendezvous expected")
+		if e.a.ti.Attr.Cap.Has(uct.CapGetZcopy) {
+			t.Fatal("GetZcopy without rendezvous")
+		}
+		t.Skipf("%s has no GetZcopy", tl)
 	}
-	for _, rd := range []int{1, 1000, 64 << 10, 8 << 20} {
+	for _, rd := range []int{3, 1000, 64 << 10, 8 << 20} {
 		p := e.pair(t)
-		want := make([]byte, 5<<20+3)
+		size := 5<<20 + 3
+		if rd < 64<<10 {
+			size = 600<<10 + 3 // several staging buffers' worth
+		}
+		want := make([]byte, size)
 		rand.New(rand.NewSource(int64(rd))).Read(want)
 		errc := make(chan error, 1)
 		go func() {
@@ -232,8 +268,10 @@ func checkTimeout(t *testing.T, op string, err error) {
 	}
 }
 
-func TestDeadlines(t *testing.T) {
-	e := newEnv(t, "self", nil)
+func TestDeadlines(t *testing.T) { forEachTL(t, testDeadlines) }
+
+func testDeadlines(t *testing.T, tl string) {
+	e := newEnv(t, tl, nil)
 	p := e.pair(t)
 	defer p.close()
 
@@ -282,8 +320,10 @@ func TestDeadlines(t *testing.T) {
 	}
 }
 
-func TestCloseWrite(t *testing.T) {
-	e := newEnv(t, "self", nil)
+func TestCloseWrite(t *testing.T) { forEachTL(t, testCloseWrite) }
+
+func testCloseWrite(t *testing.T, tl string) {
+	e := newEnv(t, tl, nil)
 	p := e.pair(t)
 	defer p.close()
 	msg := bytes.Repeat([]byte("half-close "), 100000)
@@ -311,11 +351,13 @@ func TestCloseWrite(t *testing.T) {
 
 // TestCloseWithDataInFlight closes right after writing: the peer must still
 // read every byte, then io.EOF, whichever of FIN and the notice it sees first.
-func TestCloseWithDataInFlight(t *testing.T) {
-	e := newEnv(t, "self", nil)
-	for i := 0; i < 20; i++ {
+func TestCloseWithDataInFlight(t *testing.T) { forEachTL(t, testCloseWithDataInFlight) }
+
+func testCloseWithDataInFlight(t *testing.T, tl string) {
+	e := newEnv(t, tl, nil)
+	for i := 0; i < 8; i++ {
 		p := e.pair(t)
-		want := make([]byte, 3<<20+i*1001)
+		want := make([]byte, 1<<20+i*1001)
 		rand.New(rand.NewSource(int64(i))).Read(want)
 		done := make(chan error, 1)
 		go func() {
@@ -326,7 +368,11 @@ func TestCloseWithDataInFlight(t *testing.T) {
 				_, err = p.c1.Write(want[off:min(off+32<<10, len(want))])
 			}
 			if err == nil {
+				t0 := time.Now()
 				err = p.c1.Close()
+				if d := time.Since(t0); d > closeTimeout/2 {
+					err = fmt.Errorf("Close took %v: FIN or flush stuck", d)
+				}
 			}
 			done <- err
 		}()
@@ -358,8 +404,10 @@ func TestCloseWithDataInFlight(t *testing.T) {
 	}
 }
 
-func TestCloseUnblocks(t *testing.T) {
-	e := newEnv(t, "self", nil)
+func TestCloseUnblocks(t *testing.T) { forEachTL(t, testCloseUnblocks) }
+
+func testCloseUnblocks(t *testing.T, tl string) {
+	e := newEnv(t, tl, nil)
 	p := e.pair(t)
 	errc := make(chan error, 1)
 	go func() {
@@ -385,8 +433,10 @@ func TestCloseUnblocks(t *testing.T) {
 
 // TestPeerDeath kills the liveness channel without notice: blocked calls
 // on the survivor fail within a second with a reset.
-func TestPeerDeath(t *testing.T) {
-	e := newEnv(t, "self", nil)
+func TestPeerDeath(t *testing.T) { forEachTL(t, testPeerDeath) }
+
+func testPeerDeath(t *testing.T, tl string) {
+	e := newEnv(t, tl, nil)
 	p := e.pair(t)
 	defer p.close()
 	rerr := make(chan error, 1)
@@ -418,8 +468,10 @@ func TestPeerDeath(t *testing.T) {
 	t.Logf("blocked calls failed %v after peer death", time.Since(t0))
 }
 
-func TestAbort(t *testing.T) {
-	e := newEnv(t, "self", nil)
+func TestAbort(t *testing.T) { forEachTL(t, testAbort) }
+
+func testAbort(t *testing.T, tl string) {
+	e := newEnv(t, tl, nil)
 	p := e.pair(t)
 	defer p.close()
 	errc := make(chan error, 1)
@@ -451,8 +503,10 @@ func TestAbort(t *testing.T) {
 	}
 }
 
-func TestMuxClose(t *testing.T) {
-	e := newEnv(t, "self", nil)
+func TestMuxClose(t *testing.T) { forEachTL(t, testMuxClose) }
+
+func testMuxClose(t *testing.T, tl string) {
+	e := newEnv(t, tl, nil)
 	p := e.pair(t)
 	defer p.close()
 	errc := make(chan error, 1)
@@ -475,8 +529,10 @@ func TestMuxClose(t *testing.T) {
 }
 
 // TestEarlyData: messages for a conn that arrive before its Start are buffered.
-func TestEarlyData(t *testing.T) {
-	e := newEnv(t, "self", nil)
+func TestEarlyData(t *testing.T) { forEachTL(t, testEarlyData) }
+
+func testEarlyData(t *testing.T, tl string) {
+	e := newEnv(t, tl, nil)
 	c1, _ := e.a.mux.NewConn()
 	c2, _ := e.b.mux.NewConn()
 	ea, eb, err := connectEPs(e.a, e.b)
@@ -507,8 +563,10 @@ func TestEarlyData(t *testing.T) {
 
 // TestMalformed sends hostile messages at a Mux: it must drop or reset,
 // never panic, and other conns keep working.
-func TestMalformed(t *testing.T) {
-	e := newEnv(t, "self", nil)
+func TestMalformed(t *testing.T) { forEachTL(t, testMalformed) }
+
+func testMalformed(t *testing.T, tl string) {
+	e := newEnv(t, tl, nil)
 	victim := e.pair(t)
 	defer victim.close()
 	bystander := e.pair(t)
@@ -561,8 +619,10 @@ func TestMalformed(t *testing.T) {
 }
 
 // TestDataBeyondWindow: a peer that ignores credit is reset.
-func TestDataBeyondWindow(t *testing.T) {
-	e := newEnv(t, "self", nil)
+func TestDataBeyondWindow(t *testing.T) { forEachTL(t, testDataBeyondWindow) }
+
+func testDataBeyondWindow(t *testing.T, tl string) {
+	e := newEnv(t, tl, nil)
 	p := e.pair(t)
 	defer p.close()
 	raw, _, err := connectEPs(e.a, e.b)
@@ -607,8 +667,10 @@ func TestDataBeyondWindow(t *testing.T) {
 }
 
 // TestAllocs: steady-state Read and Write allocate nothing.
-func TestAllocs(t *testing.T) {
-	e := newEnv(t, "self", nil)
+func TestAllocs(t *testing.T) { forEachTL(t, testAllocs) }
+
+func testAllocs(t *testing.T, tl string) {
+	e := newEnv(t, tl, nil)
 	p := e.pair(t)
 	defer p.close()
 	for _, size := range []int{64, e.a.mux.maxShort + 1, 4 * e.a.mux.maxFrag} {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/gouct/gouct/uct"
 	_ "github.com/gouct/gouct/uct/self"
+	_ "github.com/gouct/gouct/uct/shm"
 )
 
 // side is one "process": a worker, an iface of transport tl and a Mux on it.
