@@ -79,6 +79,7 @@ type Conn struct {
 	rstOwed    bool
 	rstSent    bool
 	rstCode    uint32
+	sendBroken bool  // a control send failed for good (endpoint or peer gone)
 	err        error // reset: fails Read and Write
 	peerClosed bool  // noticeClose seen: Writes fail
 	closed     bool  // Close or Abort called
@@ -158,6 +159,7 @@ func (c *Conn) ID() uint32 { return c.id }
 // Conn owns ctl, the bootstrap socket kept as liveness channel: it reads it
 // to detect peer death and closes it exactly once; nobody else may use it
 // (nil: no liveness channel). local and remote are the conn's addresses.
+// If Start fails, ep and ctl remain the caller's.
 func (c *Conn) Start(ep uct.EP, peerID uint32, ctl net.Conn, local, remote net.Addr) error {
 	if ep == nil {
 		return fmt.Errorf("stream: start conn %d: nil endpoint: %w", c.id, uct.ErrInvalidParam)
@@ -725,7 +727,7 @@ func (c *Conn) kickCtl() {
 func (c *Conn) flushCtlLocked() {
 	for {
 		c.mu.Lock()
-		if !c.started || c.released || c.rstSent || (c.err != nil && !c.rstOwed) {
+		if !c.started || c.released || c.rstSent || c.sendBroken || (c.err != nil && !c.rstOwed) {
 			c.mu.Unlock()
 			return
 		}
@@ -766,7 +768,8 @@ func (c *Conn) flushCtlLocked() {
 			continue
 		}
 		if !errors.Is(err, uct.ErrNoResource) {
-			// The endpoint is gone: nothing more can be sent.
+			// The endpoint or the peer is gone: nothing more can be sent.
+			c.sendBroken = true
 			if id == amRST {
 				c.rstSent = true
 			} else if c.err == nil && !c.closed {
@@ -1100,7 +1103,7 @@ func (c *Conn) Close() error {
 	end := time.Now().Add(closeTimeout)
 	for {
 		c.mu.Lock()
-		sent, bad := c.finSent, c.err != nil
+		sent, bad := c.finSent, c.err != nil || c.sendBroken
 		c.mu.Unlock()
 		if sent || bad || time.Now().After(end) {
 			break
@@ -1165,7 +1168,7 @@ func (c *Conn) abort(code uint32, cause error) {
 		end := time.Now().Add(abortWait)
 		for {
 			c.mu.Lock()
-			owed := c.rstOwed && !c.released
+			owed := c.rstOwed && !c.released && !c.sendBroken
 			c.mu.Unlock()
 			if !owed || time.Now().After(end) {
 				break

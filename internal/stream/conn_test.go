@@ -38,6 +38,20 @@ func TestNetConn(t *testing.T) {
 	}
 }
 
+// TestNetConnSharedMux: both ends on one Mux, one iface, one worker.
+func TestNetConnSharedMux(t *testing.T) {
+	forEachTL(t, func(t *testing.T, tl string) {
+		e := newSharedEnv(t, tl, nil)
+		nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
+			p, err := e.newPair()
+			if err != nil {
+				return nil, nil, nil, err
+			}
+			return p.c1, p.c2, p.close, nil
+		})
+	})
+}
+
 // TestNetConnSmallWindow runs nettest with the smallest window, so every
 // test crosses credit exhaustion, and with Read spinning disabled (park path).
 func TestNetConnSmallWindow(t *testing.T) {
@@ -454,7 +468,10 @@ func testPeerDeath(t *testing.T, tl string) {
 	}()
 	time.Sleep(50 * time.Millisecond)
 	t0 := time.Now()
-	p.ctl1.Close() // "process 1 died": its end of the bootstrap socket closes
+	// "Process 1 died": its end of the bootstrap socket closes and its
+	// iface goes away.
+	p.ctl1.Close()
+	e.a.ti.Iface.Close()
 	for _, ch := range []chan error{rerr, werr} {
 		select {
 		case err := <-ch:
@@ -466,6 +483,11 @@ func testPeerDeath(t *testing.T, tl string) {
 		}
 	}
 	t.Logf("blocked calls failed %v after peer death", time.Since(t0))
+	t1 := time.Now()
+	p.c2.Close()
+	if d := time.Since(t1); d > closeTimeout/2 {
+		t.Fatalf("Close after peer death took %v", d)
+	}
 }
 
 func TestAbort(t *testing.T) { forEachTL(t, testAbort) }

@@ -94,9 +94,27 @@ func newEnv(t testing.TB, tl string, cfg *uct.Config) *env {
 	return e
 }
 
+// newSharedEnv is one side used by both conns of a pair: one worker, one
+// iface, one Mux (what a process dialing itself gets).
+func newSharedEnv(t testing.TB, tl string, cfg *uct.Config) *env {
+	t.Helper()
+	if cfg == nil {
+		cfg = uct.DefaultConfig()
+	}
+	a, err := openSide(tl, cfg)
+	if err != nil {
+		t.Fatalf("open %s: %v", tl, err)
+	}
+	e := &env{tl: tl, a: a, b: a}
+	t.Cleanup(e.close)
+	return e
+}
+
 func (e *env) close() {
 	e.a.close()
-	e.b.close()
+	if e.b != e.a {
+		e.b.close()
+	}
 }
 
 // connectEPs creates an EP from each side to the other.
