@@ -122,6 +122,13 @@ func serveEcho(l net.Listener) {
 		}
 		go func() {
 			defer c.Close()
+			if os.Getenv("GOUCT_DEBUG") != "" {
+				defer func() {
+					if rc, ok := c.(rdmanet.Conn); ok {
+						fmt.Fprintf(os.Stderr, "serveEcho: conn done: %+v\n", rc.Stats())
+					}
+				}()
+			}
 			name := "tcp"
 			if rc, ok := c.(rdmanet.Conn); ok {
 				name = rc.Transport()
@@ -140,10 +147,14 @@ func serveEcho(l net.Listener) {
 					n, err := c.Read(buf)
 					if n > 0 {
 						if _, werr := c.Write(buf[:n]); werr != nil {
+							fmt.Fprintln(os.Stderr, "serveEcho: write:", werr)
 							return
 						}
 					}
 					if err != nil {
+						if err != io.EOF {
+							fmt.Fprintln(os.Stderr, "serveEcho: read:", err)
+						}
 						if cw, ok := c.(interface{ CloseWrite() error }); ok {
 							cw.CloseWrite()
 						}

@@ -81,7 +81,16 @@ func echoCheck(t *testing.T, c net.Conn, total int) {
 	h := sha256.New()
 	n, err := io.CopyBuffer(h, struct{ io.Reader }{c}, make([]byte, 100000))
 	if err != nil {
-		t.Fatalf("read echo after %d bytes: %v", n, err)
+		var w error
+		select {
+		case w = <-werr:
+		case <-time.After(time.Second):
+		}
+		st := rdmanet.Stats{}
+		if rc, ok := c.(rdmanet.Conn); ok {
+			st = rc.Stats()
+		}
+		t.Fatalf("read echo after %d bytes: %v (writer: %v; stats %+v)", n, err, w, st)
 	}
 	if err := <-werr; err != nil {
 		t.Fatalf("write: %v", err)
