@@ -443,9 +443,7 @@ func (e *ep) complete(wc *ibv.WC) {
 		default:
 			e.failLocked(fmt.Errorf("ib: %s (vendor error %#x): %w", ibv.StatusString(wc.Status), wc.VendorErr, uct.ErrEndpointReset))
 			err = e.err
-			if h := i.params.ErrHandler; h != nil {
-				i.fire = append(i.fire, doneEvent{comp: uct.NewCompletion(1, func(error) { h(e, err) })})
-			}
+			i.fire = append(i.fire, doneEvent{failed: e, err: err})
 		}
 	}
 	if comp != nil {

@@ -288,8 +288,8 @@ func (m *md) ifaceClosed(i *iface) {
 	m.mu.Unlock()
 }
 
-// Close releases the PD and the device. Ifaces must be closed first;
-// registrations still alive are reported as an error (and leak the PD).
+// Close releases the PD and the device. Ifaces must be closed and memory
+// deregistered first; otherwise Close returns ErrBusy and may be retried.
 func (m *md) Close() error {
 	m.mu.Lock()
 	if m.closed {
@@ -300,11 +300,12 @@ func (m *md) Close() error {
 		m.mu.Unlock()
 		return fmt.Errorf("ib: close md %s: %d ifaces still open: %w", m.name, n, uct.ErrBusy)
 	}
-	m.closed = true
-	regs := m.regs
-	m.mu.Unlock()
-	if regs > 0 {
-		return fmt.Errorf("ib: close md %s: %d registrations still alive: %w", m.name, regs, uct.ErrBusy)
+	if m.regs > 0 {
+		n := m.regs
+		m.mu.Unlock()
+		return fmt.Errorf("ib: close md %s: %d registrations still alive: %w", m.name, n, uct.ErrBusy)
 	}
+	m.closed = true
+	m.mu.Unlock()
 	return errors.Join(m.pd.Close(), m.ctx.Close())
 }

@@ -346,3 +346,60 @@ func TestAttributes(t *testing.T) {
 		t.Errorf("rkey size %s", got)
 	}
 }
+
+// TestMD: RDMANET_NET_DEVICES filters ports; MemAlloc memory is registered
+// and usable as an RMA target; registrations are counted so a leak makes
+// Close fail.
+func TestMD(t *testing.T) {
+	needRDMA(t)
+	c, _ := uct.LookupComponent("ib")
+	dev := strings.Split(devA(), ":")[0]
+	cfg := uct.DefaultConfig()
+	cfg.NetDevices = []string{"nosuchdev0"}
+	md, err := c.OpenMD(dev, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tls, err := md.TLResources(); err == nil {
+		t.Errorf("RDMANET_NET_DEVICES=nosuchdev0: resources %v", tls)
+	}
+	md.Close()
+	cfg.NetDevices = []string{"^" + devA()}
+	md, _ = c.OpenMD(dev, cfg)
+	if tls, err := md.TLResources(); err == nil {
+		t.Errorf("RDMANET_NET_DEVICES=^%s: resources %v", devA(), tls)
+	}
+	md.Close()
+	cfg.NetDevices = []string{devA()}
+	md, _ = c.OpenMD(dev, cfg)
+	if tls, err := md.TLResources(); err != nil || len(tls) != 1 || tls[0].Device != devA() {
+		t.Errorf("RDMANET_NET_DEVICES=%s: %v %v", devA(), tls, err)
+	}
+	mem, err := md.MemAlloc(1 << 20)
+	if err != nil || len(mem.Buf) != 1<<20 {
+		t.Fatalf("MemAlloc: %v", err)
+	}
+	mem.Buf[0], mem.Buf[len(mem.Buf)-1] = 1, 2
+	if rk, err := md.PackRKey(mem.MemH); err != nil || len(rk) != 4 {
+		t.Errorf("PackRKey: %x %v", rk, err)
+	}
+	h, err := md.Register(make([]byte, 100), uct.AccessLocalRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := md.Close(); err == nil {
+		t.Error("md.Close with live registrations: no error")
+	}
+	if err := md.MemFree(mem); err != nil {
+		t.Error(err)
+	}
+	if err := md.Deregister(h); err != nil {
+		t.Error(err)
+	}
+	if err := md.Deregister("junk"); err == nil {
+		t.Error("Deregister(junk): no error")
+	}
+	if err := md.Close(); err != nil {
+		t.Errorf("md.Close after deregistering: %v", err)
+	}
+}
