@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"encoding/xml"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"os"
@@ -18,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/gouct/gouct/rdmanet"
 	"github.com/gouct/gouct/uct"
 	"go.uber.org/goleak"
 )
@@ -30,7 +32,34 @@ func TestMain(m *testing.M) {
 	if a, ok := os.LookupEnv(childEnv); ok {
 		os.Exit(run(strings.Fields(a), os.Stdout, os.Stderr))
 	}
-	goleak.VerifyTestMain(m)
+	// rdmanet's runtime (worker, ifaces) lives as long as the process:
+	// start it first and ignore exactly its goroutines, so a worker or
+	// iface this command leaks is still caught.
+	if err := startRDMARuntime(); err != nil {
+		fmt.Fprintln(os.Stderr, "start rdmanet runtime:", err)
+		os.Exit(1)
+	}
+	goleak.VerifyTestMain(m, goleak.IgnoreCurrent())
+}
+
+func startRDMARuntime() error {
+	ln, err := rdmanet.Listen("rdma", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	defer ln.Close()
+	go func() {
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	c, err := rdmanet.Dial("rdma", ln.Addr().String())
+	if err != nil {
+		return err
+	}
+	c.Close()
+	time.Sleep(100 * time.Millisecond) // let the accept goroutine finish
+	return nil
 }
 
 func runPerf(t *testing.T, args ...string) (string, string, int) {
@@ -91,6 +120,10 @@ func TestLoopbackJSONAndPlot(t *testing.T) {
 		}
 		if r.Baseline && (r.Transport != "go-tcp" || r.Layer != "conn") {
 			t.Errorf("result %d: baseline on %q", i, r.Transport)
+		}
+		// -x self rules rdmanet too: in one process the Conn runs on self.
+		if !r.Baseline && r.Layer == "conn" && (r.Transport != "rdma:self" || r.Note != "") {
+			t.Errorf("result %d: Conn test on %q (%s), want rdma:self", i, r.Transport, r.Note)
 		}
 	}
 	if r := doc.Results[0]; r.Test != "am_lat" || r.Method != "short" || r.Size != 8 {
@@ -240,6 +273,9 @@ func TestTwoProcesses(t *testing.T) {
 	if len(doc.Results) == 0 || doc.Results[0].Test != "stream_lat" || doc.Results[0].LatP50 <= 0 {
 		t.Fatalf("stream_lat missing: %+v", doc.Results)
 	}
+	if slices.Contains(tps, "shm") && doc.Results[0].Transport != "rdma:shm" {
+		t.Errorf("stream_lat between processes ran on %q (%s), want rdma:shm", doc.Results[0].Transport, doc.Results[0].Note)
+	}
 	if len(tps) > 0 {
 		if len(doc.Results) != 2 {
 			t.Fatalf("results %+v", doc.Results)
@@ -378,6 +414,23 @@ func TestTwoProcessesEachTransport(t *testing.T) {
 					t.Errorf("%s %d B: %+v", r.Test, r.Size, r)
 				}
 				t.Logf("%-7s %5d B over %-12s avg %8.3f µs  %9.1f MB/s", r.Test, r.Size, r.Transport, r.LatAvg, r.BW)
+			}
+			// The Conn level honours -x too: rdmanet runs on that transport,
+			// or falls back to raw TCP (it does not run tcp as a uct
+			// transport) and says why.
+			out, errs, code = runPerf(t, "-p", port, "-json", "-x", tp, "-t", "stream_lat,stream_bw", "-s", "64", "-n", "200", "127.0.0.1")
+			if code != 0 {
+				t.Fatalf("stream tests: exit %d: %s (server: %s)", code, errs, srvErr.String())
+			}
+			doc = Output{}
+			if err := json.Unmarshal([]byte(out), &doc); err != nil {
+				t.Fatalf("not JSON: %v\n%s", err, out)
+			}
+			want := map[string]string{"shm": "rdma:shm", "tcp": "rdma:tcp", "ib": "rdma:rc_verbs/"}[tp]
+			for _, r := range doc.Results {
+				if !strings.HasPrefix(r.Transport, want) || r.LatAvg <= 0 || (tp == "tcp") != strings.Contains(r.Note, "fell back to TCP") {
+					t.Errorf("%s over -x %s: transport %q note %q, want %s", r.Test, tp, r.Transport, r.Note, want)
+				}
 			}
 		})
 	}

@@ -4,27 +4,52 @@ import (
 	"context"
 	"net"
 	"time"
+
+	"github.com/gouct/gouct/rdmanet"
 )
 
-// rdmaNote is set while the Conn tests of network "rdma" cannot use
-// rdmanet: they then run over Go TCP and every result says so.
-const rdmaNote = "rdmanet not built in yet: Conn tests ran over Go TCP"
-
-// listenNet listens for data connections of network on addr.
+// listenNet listens for data connections of network on addr: rdmanet's
+// listener (transports restricted to tls when given) or Go TCP.
 func listenNet(network, addr string, tls []string) (net.Listener, error) {
-	return net.Listen("tcp", addr)
+	if network == netTCP {
+		return net.Listen("tcp", addr)
+	}
+	lc := rdmanet.ListenConfig{Config: rdmaConfig(tls)}
+	return lc.Listen(context.Background(), "rdma", addr)
 }
 
 // dialNet dials a data connection of network to addr.
 func dialNet(ctx context.Context, network, addr string, tls []string, timeout time.Duration) (net.Conn, error) {
-	d := net.Dialer{Timeout: timeout}
-	return d.DialContext(ctx, "tcp", addr)
+	if network == netTCP {
+		d := net.Dialer{Timeout: timeout}
+		return d.DialContext(ctx, "tcp", addr)
+	}
+	d := rdmanet.Dialer{Timeout: timeout, Config: rdmaConfig(tls)}
+	return d.DialContext(ctx, "rdma", addr)
 }
 
-// connTransport names what a data connection runs over.
-func connTransport(network string, c net.Conn) (name, note string) {
-	if network == netRDMA {
-		return "tcp(fallback)", rdmaNote
+// rdmaConfig is nil (the environment) or a Config forcing the transports;
+// its zero fields take the environment's values.
+func rdmaConfig(tls []string) *rdmanet.Config {
+	if len(tls) == 0 {
+		return nil
 	}
-	return "go-tcp", ""
+	return &rdmanet.Config{TLS: tls}
+}
+
+// connTransport names what a data connection runs over, and why it fell
+// back to TCP when it did.
+func connTransport(network string, c net.Conn) (name, note string) {
+	if network == netTCP {
+		return "go-tcp", ""
+	}
+	rc, ok := c.(rdmanet.Conn)
+	if !ok {
+		return "rdma", ""
+	}
+	name = rc.Transport()
+	if fb := rc.Stats().Fallback; fb != "" {
+		note = "rdmanet fell back to TCP: " + fb
+	}
+	return "rdma:" + name, note
 }
