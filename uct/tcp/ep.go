@@ -276,6 +276,13 @@ func (e *ep) flush() bool {
 	}
 	for e.q.bytes > 0 {
 		e.wbufs = e.q.bufs[:min(len(e.q.bufs), maxWritev)]
+		want := e.q.bytes
+		if len(e.wbufs) < len(e.q.bufs) {
+			want = 0
+			for _, b := range e.wbufs {
+				want += len(b)
+			}
+		}
 		e.wn, e.werr = 0, nil
 		if err := e.raw.Write(e.writeFn); err != nil && e.werr == nil {
 			e.werr = err
@@ -291,8 +298,8 @@ func (e *ep) flush() bool {
 			}
 			return false
 		}
-		if e.wn == 0 {
-			return false
+		if e.wn < want {
+			return e.q.bytes == 0 // the socket is full: no point asking again now
 		}
 	}
 	return true

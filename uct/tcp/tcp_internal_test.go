@@ -5,6 +5,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -206,5 +207,45 @@ func TestNotSupported(t *testing.T) {
 	}
 	if _, err := i.CreateEP(uct.EPParams{DevAddr: []byte{8, 8, 8, 8}, IfaceAddr: []byte{0, 80}}); !errors.Is(err, uct.ErrUnreachable) {
 		t.Errorf("CreateEP to a non-loopback address from lo: %v", err)
+	}
+}
+
+// TestNoAllocs: the AM data path (send, receive, handler) does not allocate
+// per message once warm.
+func TestNoAllocs(t *testing.T) {
+	a := openLo(t, uct.IfaceParams{})
+	b := openLo(t, uct.IfaceParams{})
+	var got atomic.Int64
+	b.SetAMHandler(1, func([]byte) { got.Add(1) })
+	e, err := a.CreateEP(uct.EPParams{DevAddr: b.DeviceAddress(), IfaceAddr: b.IfaceAddress()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	payload := make([]byte, 256)
+	pack := func(buf []byte) int { return copy(buf, payload) }
+	sent := int64(0)
+	send := func() {
+		for e.AMShort(1, 7, payload) != nil {
+			runtime.Gosched()
+		}
+		for {
+			if _, err := e.AMBcopy(1, pack); err == nil {
+				break
+			}
+			runtime.Gosched()
+		}
+		sent += 2
+		for got.Load() < sent {
+			runtime.Gosched()
+		}
+	}
+	for range 100 {
+		send()
+	}
+	n := testing.AllocsPerRun(500, send)
+	t.Logf("%.3f allocations per round", n)
+	if n > 0.5 {
+		t.Errorf("%.2f allocations per AMShort+AMBcopy round (send, receive, handler)", n)
 	}
 }
