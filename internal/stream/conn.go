@@ -27,9 +27,12 @@ const (
 	noticeReset byte = 'R'
 )
 
+// finGrace bounds how long FIN may take to arrive after noticeClose (a var
+// for tests).
+var finGrace = 5 * time.Second
+
 // Timing of Close and liveness.
 const (
-	finGrace     = 5 * time.Second        // after noticeClose, how long FIN may take to arrive
 	closeTimeout = 2 * time.Second        // Close's bound on sending FIN and flushing
 	ctlWriteTime = 1 * time.Second        // bound on writing the notice
 	abortWait    = 100 * time.Millisecond // Abort's bound on sending RST
@@ -190,6 +193,7 @@ func (c *Conn) Start(ep uct.EP, peerID uint32, ctl net.Conn, local, remote net.A
 	c.flushCtlLocked()
 	c.unlockSend()
 	if ctl != nil {
+		ctl.SetDeadline(time.Time{}) // handshake deadlines no longer apply
 		go c.watchCtl(ctl)
 	}
 	return nil

@@ -716,3 +716,82 @@ func testAllocs(t *testing.T, tl string) {
 		}
 	}
 }
+
+// manualPair starts c1 without a liveness channel and gives the test the
+// far end of c2's, so the test plays c1's liveness role.
+func manualPair(t *testing.T, e *env) (c1, c2 *Conn, ctl net.Conn) {
+	t.Helper()
+	c1, _ = e.a.mux.NewConn()
+	c2, _ = e.b.mux.NewConn()
+	ea, eb, err := connectEPs(e.a, e.b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, y := net.Pipe()
+	if err := c1.Start(ea, c2.ID(), nil, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c2.Start(eb, c1.ID(), y, nil, nil); err != nil {
+		t.Fatal(err)
+	}
+	return c1, c2, x
+}
+
+// TestNoticeBeforeFIN: the closing notice overtakes the data and FIN; the
+// reader still gets every byte, then io.EOF, and its Writes fail at once.
+func TestNoticeBeforeFIN(t *testing.T) {
+	e := newEnv(t, "self", nil)
+	c1, c2, ctl := manualPair(t, e)
+	defer c1.Close()
+	defer c2.Close()
+	if _, err := ctl.Write([]byte{noticeClose}); err != nil {
+		t.Fatal(err)
+	}
+	ctl.Close()
+	time.Sleep(20 * time.Millisecond)
+	if _, err := c2.Write([]byte("x")); !errors.Is(err, ErrPeerClosed) {
+		t.Fatalf("write after notice: %v", err)
+	}
+	want := bytes.Repeat([]byte("late data "), 50000)
+	go func() {
+		c1.Write(want)
+		c1.CloseWrite()
+	}()
+	got, err := io.ReadAll(c2)
+	if err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read %d of %d bytes: %v", len(got), len(want), err)
+	}
+}
+
+// TestNoticeWithoutFIN: a closing notice whose FIN never comes resets the
+// conn after the grace period instead of hanging.
+func TestNoticeWithoutFIN(t *testing.T) {
+	old := finGrace
+	finGrace = 100 * time.Millisecond
+	defer func() { finGrace = old }()
+	e := newEnv(t, "self", nil)
+	c1, c2, ctl := manualPair(t, e)
+	defer c1.Close()
+	defer c2.Close()
+	ctl.Write([]byte{noticeClose})
+	ctl.Close()
+	c2.SetReadDeadline(time.Now().Add(2 * time.Second))
+	_, err := c2.Read(make([]byte, 10))
+	if !errors.Is(err, ErrPeerDied) {
+		t.Fatalf("read: %v, want peer-died reset after the FIN grace", err)
+	}
+}
+
+// TestBadNotice: garbage on the liveness channel resets the conn.
+func TestBadNotice(t *testing.T) {
+	e := newEnv(t, "self", nil)
+	c1, c2, ctl := manualPair(t, e)
+	defer c1.Close()
+	defer c2.Close()
+	defer ctl.Close()
+	ctl.Write([]byte{'?'})
+	_, err := c2.Read(make([]byte, 10))
+	if !errors.Is(err, ErrProtocol) {
+		t.Fatalf("read: %v, want protocol reset", err)
+	}
+}
