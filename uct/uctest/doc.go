@@ -7,7 +7,7 @@
 //	import _ "github.com/gouct/gouct/uct/tcp"
 //
 //	func TestSuite(t *testing.T) { uctest.Run(t, "tcp") }
-//	func TestSuiteDev(t *testing.T) {
+//	func TestSuiteDev(t *testing.T) { // first resource of the TL on that device
 //		uctest.RunOptions(t, uctest.Options{TL: "rc_verbs", Device: "rxe0:1"})
 //	}
 //	func BenchmarkPingPong64(b *testing.B)  { uctest.BenchPingPong(b, "tcp", 64) }
@@ -19,6 +19,9 @@
 // both ways (EP to iface with CapConnectToIface, else EP to EP by exchanging
 // EP.Address). The transport package must be imported (for its init) by the
 // caller. A missing resource fails the test unless Options.SkipIfAbsent.
+// Zero-copy buffers are registered with MD.Register when the MD has
+// MDCanRegister (pinned with runtime.Pinner meanwhile); an empty IOV
+// element carries a nil MemH.
 //
 // What the subtests check:
 //
