@@ -140,7 +140,7 @@ func serveEcho(l net.Listener) {
 			if _, err := io.ReadFull(c, mode[:]); err != nil {
 				return
 			}
-			buf := make([]byte, 256<<10)
+			buf := make([]byte, 1<<20)
 			switch mode[0] {
 			case 'E':
 				for {

@@ -25,6 +25,7 @@ package rdmanet
 import (
 	"context"
 	"net"
+	"net/http"
 
 	"github.com/gouct/gouct/dialer"
 	"github.com/gouct/gouct/internal/rt"
@@ -92,3 +93,13 @@ func Dial(network, address string) (net.Conn, error) {
 func DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	return dialer.DialContext(ctx, network, address)
 }
+
+// GRPCDialer returns a dialer for grpc.WithContextDialer that connects over
+// rdmanet with the environment's configuration (see dialer.GRPC):
+//
+//	grpc.NewClient("passthrough:///host:50051", grpc.WithContextDialer(rdmanet.GRPCDialer()), ...)
+func GRPCDialer() func(ctx context.Context, addr string) (net.Conn, error) { return dialer.GRPC() }
+
+// HTTPTransport returns an *http.Transport whose connections go over
+// rdmanet with the environment's configuration (see dialer.HTTPTransport).
+func HTTPTransport() *http.Transport { return dialer.HTTPTransport() }

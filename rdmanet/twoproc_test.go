@@ -329,6 +329,6 @@ func TestHTTP(t *testing.T) {
 	t.Run("two processes", func(t *testing.T) {
 		skipIfForced(t)
 		p := startServer(t)
-		get(t, dialer.HTTPTransport(), "http://"+p.addrs.HTTP+"/", wantTwoProc)
+		get(t, rdmanet.HTTPTransport(), "http://"+p.addrs.HTTP+"/", wantTwoProc)
 	})
 }
