@@ -147,9 +147,10 @@ func TestLoopbackJSONAndPlot(t *testing.T) {
 			paths++
 		}
 	}
-	// One line per (test, transport) and panel: 6 tests + 2 baselines, × 2 panels.
-	if paths != 16 {
-		t.Errorf("plot has %d lines, want 16", paths)
+	// One line per (test, transport): 6 tests + 2 baselines, latency tests
+	// in the latency panel, bandwidth tests in the bandwidth panel.
+	if paths != 8 {
+		t.Errorf("plot has %d lines, want 8", paths)
 	}
 }
 
@@ -450,5 +451,32 @@ func TestProgressBar(t *testing.T) {
 	s := string(b)
 	if !strings.Contains(s, "\r["+strings.Repeat("=", 20)+strings.Repeat(" ", 20)+"]  50%") || !strings.HasSuffix(s, "\r\033[K") {
 		t.Errorf("bar output %q", s)
+	}
+}
+
+func TestPlotOneKind(t *testing.T) {
+	var b bytes.Buffer
+	rs := []Result{
+		{Test: "am_lat", Transport: "shm/memory", Size: 8, LatP50: 0.5, LatAvg: 0.6, BW: 16},
+		{Test: "am_lat", Transport: "shm/memory", Size: 1 << 20, Skipped: true},
+		{Test: "am_lat", Transport: "shm/memory", Size: 4096, LatP50: 0.9, LatAvg: 1, BW: 4096},
+	}
+	if err := writeSVG(&b, rs); err != nil {
+		t.Fatal(err)
+	}
+	svg := b.String()
+	// Only latency tests: the one series is drawn in both panels, skipped sizes left out.
+	if n := strings.Count(svg, "<path "); n != 2 {
+		t.Errorf("%d lines, want 2:\n%s", n, svg)
+	}
+	if n := strings.Count(svg, "<circle "); n != 4 {
+		t.Errorf("%d points, want 4", n)
+	}
+	if !strings.Contains(svg, ">4K<") || !strings.Contains(svg, ">8<") {
+		t.Errorf("size axis lacks 8 or 4K labels:\n%s", svg)
+	}
+	b.Reset()
+	if err := writeSVG(&b, nil); err != nil || !strings.Contains(b.String(), "no results") {
+		t.Errorf("empty plot: %v %q", err, b.String())
 	}
 }

@@ -17,6 +17,7 @@ func writeSVG(w io.Writer, rs []Result) error {
 	type point struct{ x, lat, bw float64 }
 	type series struct {
 		name string
+		lat  bool // a *_lat test (or its baseline)
 		pts  []point
 	}
 	byName := map[string]*series{}
@@ -28,7 +29,7 @@ func writeSVG(w io.Writer, rs []Result) error {
 		name := r.Test + " " + r.Transport
 		s := byName[name]
 		if s == nil {
-			s = &series{name: name}
+			s = &series{name: name, lat: isLat(r.Test)}
 			byName[name] = s
 			order = append(order, name)
 		}
@@ -63,6 +64,20 @@ func writeSVG(w io.Writer, rs []Result) error {
 		lx0, lx1 = lx0-0.5, lx1+0.5
 	}
 	colors := []string{"#1f77b4", "#d62728", "#2ca02c", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f"}
+	// Latency is drawn for the *_lat tests and bandwidth for the *_bw
+	// tests; a run of only one kind draws it in both panels.
+	var nLat int
+	for _, s := range byName {
+		if s.lat {
+			nLat++
+		}
+	}
+	inPanel := func(panel int, s *series) bool {
+		if nLat == 0 || nLat == len(byName) {
+			return true
+		}
+		return s.lat == (panel == 0)
+	}
 	for panel, title := range []string{"latency (µs, p50 or avg)", "bandwidth (MB/s)"} {
 		val := func(p point) float64 {
 			if panel == 0 {
@@ -72,6 +87,9 @@ func writeSVG(w io.Writer, rs []Result) error {
 		}
 		ymin, ymax := math.Inf(1), math.Inf(-1)
 		for _, s := range byName {
+			if !inPanel(panel, s) {
+				continue
+			}
 			for _, p := range s.pts {
 				if v := val(p); v > 0 {
 					ymin, ymax = math.Min(ymin, v), math.Max(ymax, v)
@@ -96,7 +114,14 @@ func writeSVG(w io.Writer, rs []Result) error {
 			fmt.Fprintf(bw, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", ox-6, y+4, decade(e))
 		}
 		step := math.Max(1, math.Ceil((math.Floor(lx1)-math.Ceil(lx0))/8))
+		ticks := []float64{}
 		for e := math.Ceil(lx0); e <= lx1; e += step {
+			ticks = append(ticks, e)
+		}
+		if last := math.Floor(lx1); len(ticks) > 0 && last-ticks[len(ticks)-1] >= step/2 {
+			ticks = append(ticks, last) // label the largest size too
+		}
+		for _, e := range ticks {
 			x := X(math.Pow(2, e))
 			fmt.Fprintf(bw, `<line x1="%.1f" y1="%d" x2="%.1f" y2="%d" stroke="#ddd"/>`+"\n", x, top, x, top+plotH)
 			fmt.Fprintf(bw, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", x, top+plotH+16, sizeStr(int(math.Pow(2, e))))
@@ -104,6 +129,9 @@ func writeSVG(w io.Writer, rs []Result) error {
 		fmt.Fprintf(bw, `<text x="%d" y="%d" text-anchor="middle">message size (bytes)</text>`+"\n", ox+plotW/2, top+plotH+34)
 		for i, name := range order {
 			s := byName[name]
+			if !inPanel(panel, s) {
+				continue
+			}
 			col := colors[i%len(colors)]
 			path := ""
 			for _, p := range s.pts {
