@@ -480,3 +480,31 @@ func TestPlotOneKind(t *testing.T) {
 		t.Errorf("empty plot: %v %q", err, b.String())
 	}
 }
+
+// A -forever server ends cleanly on SIGINT and writes its profiles.
+func TestServerSignal(t *testing.T) {
+	dir := t.TempDir()
+	cpu, mem := filepath.Join(dir, "cpu"), filepath.Join(dir, "mem")
+	port, srv, srvErr := startServer(t, "-forever", "-cpuprofile", cpu, "-memprofile", mem)
+	if _, errs, code := runPerf(t, "-p", port, "-q", "-t", "stream_lat", "-n", "50", "127.0.0.1"); code != 0 {
+		t.Fatalf("client: exit %d: %s", code, errs)
+	}
+	if err := srv.Process.Signal(os.Interrupt); err != nil {
+		t.Fatal(err)
+	}
+	werr := make(chan error, 1)
+	go func() { werr <- srv.Wait() }()
+	select {
+	case err := <-werr:
+		if err != nil {
+			t.Fatalf("server: %v: %s", err, srvErr.String())
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("server ignored SIGINT")
+	}
+	for _, f := range []string{cpu, mem} {
+		if st, err := os.Stat(f); err != nil || st.Size() == 0 {
+			t.Errorf("profile %s: %v", f, err)
+		}
+	}
+}
