@@ -376,7 +376,8 @@ func (i *iface) Arm() bool {
 	return true
 }
 
-// waiter wakes the worker when a socket becomes ready after Arm.
+// waiter wakes the worker when a socket becomes ready after Arm, and polls
+// once itself (under the progress lock, like the worker).
 func (i *iface) waiter() {
 	defer close(i.waiterEnd)
 	for range i.armed {
@@ -384,6 +385,10 @@ func (i *iface) waiter() {
 			return // poller closed
 		}
 		i.w.Wake()
+		// Poll once from here: the first message is handled without
+		// waiting for the worker goroutine to be scheduled (skipped when
+		// the worker already polls).
+		i.w.TryProgress()
 	}
 }
 
