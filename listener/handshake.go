@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"time"
 
@@ -27,7 +28,12 @@ func (l *Listener) handshake(c *net.TCPConn) (rt.Conn, error) {
 	frame, err := wire.ReadFrame(c, wire.TypeHello, buf)
 	if err != nil {
 		if errors.Is(err, wire.ErrVersion) {
-			// Answer in our version so a newer or older client can say why.
+			// Answer in our version so a newer or older client can say why,
+			// after draining its hello (at most 64 KiB: a u16 length) so
+			// that closing does not reset the connection under the reply.
+			if hdr, _ := wire.ParseHeader(frame); hdr.Len > 0 {
+				io.CopyN(io.Discard, c, int64(hdr.Len))
+			}
 			out, _ := wire.AppendReply(buf[:0], &wire.Reply{Status: wire.StatusRefused,
 				Reason: wire.ReasonVersion, Detail: err.Error()})
 			c.Write(out)
