@@ -236,12 +236,8 @@ func (c *Conn) release(notice byte) {
 		c.rdMu.Lock()
 		c.mu.Lock()
 		c.rx.release(&c.mux.chunks)
+		c.rxn.Store(0)
 		c.mu.Unlock()
-		if c.stage.Buf != nil {
-			c.mux.stages.put(c.stage)
-			c.stage = uct.Mem{}
-			c.stR, c.stW = 0, 0
-		}
 		c.rdMu.Unlock()
 	})
 }

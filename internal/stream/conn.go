@@ -113,8 +113,9 @@ type Conn struct {
 	getDone  atomic.Bool
 	getErr   error
 	iov      [1]uct.IOV
-	stage    uct.Mem
-	stR, stW int
+	rndvWant atomic.Bool  // a rendezvous is being received (mirror of rndvRx.active)
+	rxn      atomic.Int64 // mirror of rx.n, for the puller's budget
+	pulling  atomic.Bool  // the puller goroutine runs
 
 	ctlDone     chan struct{}
 	releaseOnce sync.Once

@@ -795,3 +795,49 @@ func TestBadNotice(t *testing.T) {
 		t.Fatalf("read: %v, want protocol reset", err)
 	}
 }
+
+// TestRendezvousWithoutReader: a rendezvous Write within the window returns
+// without the peer application reading (the peer pulls ahead into its
+// buffers), so both ends may write a large message, then read, as over TCP.
+func TestRendezvousWithoutReader(t *testing.T) { forEachTL(t, testRendezvousWithoutReader) }
+
+func testRendezvousWithoutReader(t *testing.T, tl string) {
+	e := newEnv(t, tl, nil)
+	if e.a.mux.rndvThresh == 0 {
+		t.Skipf("%s has no GetZcopy", tl)
+	}
+	p := e.pair(t)
+	defer p.close()
+	msg := func(seed int64) []byte {
+		b := make([]byte, 1<<20+5)
+		rand.New(rand.NewSource(seed)).Read(b)
+		return b
+	}
+	m1, m2 := msg(1), msg(2)
+	var wg sync.WaitGroup
+	errs := make([]error, 2)
+	got := make([][]byte, 2)
+	exchange := func(i int, c net.Conn, out []byte) {
+		defer wg.Done()
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		if _, err := c.Write(out); err != nil {
+			errs[i] = err
+			return
+		}
+		got[i] = make([]byte, len(out))
+		_, errs[i] = io.ReadFull(c, got[i])
+	}
+	wg.Add(2)
+	go exchange(0, p.c1, m1)
+	go exchange(1, p.c2, m2)
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
+		t.Fatalf("simultaneous large writes: %v", err)
+	}
+	if !bytes.Equal(got[0], m2) || !bytes.Equal(got[1], m1) {
+		t.Fatal("data differs")
+	}
+	if s := p.c1.Stats(); s.MsgRndv != 1 {
+		t.Fatalf("rendezvous messages %d, want 1", s.MsgRndv)
+	}
+}

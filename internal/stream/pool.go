@@ -11,11 +11,13 @@ import (
 // reader copies out of them.
 const chunkSize = 64 << 10
 
-// chunk is one receive buffer. Only the conn's handler appends (at w, under
-// the conn's lock) and only its reader consumes (from r).
+// chunk is one receive buffer. Only the conn's handler or puller appends
+// (at w) and only its reader consumes (from r). A chunk holds either DATA
+// bytes, which return credit when read, or rendezvous bytes, which do not.
 type chunk struct {
 	buf  []byte
 	r, w int
+	rndv bool
 }
 
 // chunkPool is a bounded free list of chunks shared by the conns of a Mux:
@@ -40,7 +42,7 @@ func (p *chunkPool) get() *chunk {
 }
 
 func (p *chunkPool) put(c *chunk) {
-	c.r, c.w = 0, 0
+	c.r, c.w, c.rndv = 0, 0, false
 	p.mu.Lock()
 	if len(p.free) < p.max {
 		p.free = append(p.free, c)
@@ -48,62 +50,79 @@ func (p *chunkPool) put(c *chunk) {
 	p.mu.Unlock()
 }
 
-// rxQueue is a conn's received, unread bytes: a FIFO of chunks. The caller
-// holds the conn's lock.
+// rxQueue is a conn's received, unread bytes in stream order: a FIFO of
+// chunks. The caller holds the conn's lock.
 type rxQueue struct {
 	q    []*chunk
 	head int
 	n    int // unread bytes
 }
 
-// write appends b, taking chunks from pool as needed.
+// tail returns the chunk to append bytes of kind rndv to: the last chunk if
+// it is empty or of that kind with room, else a fresh one from pool.
+func (x *rxQueue) tail(rndv bool, pool *chunkPool) *chunk {
+	if k := len(x.q); k > x.head {
+		t := x.q[k-1]
+		if t.w == 0 {
+			t.rndv = rndv
+			return t
+		}
+		if t.rndv == rndv && t.w < len(t.buf) {
+			return t
+		}
+	}
+	t := pool.get()
+	t.rndv = rndv
+	if x.head > 0 && x.head == len(x.q) {
+		x.q, x.head = x.q[:0], 0
+	}
+	x.q = append(x.q, t)
+	return t
+}
+
+// write appends DATA bytes b.
 func (x *rxQueue) write(b []byte, pool *chunkPool) {
 	x.n += len(b)
 	for len(b) > 0 {
-		var t *chunk
-		if k := len(x.q); k > x.head && x.q[k-1].w < len(x.q[k-1].buf) {
-			t = x.q[k-1]
-		} else {
-			t = pool.get()
-			if x.head > 0 && x.head == len(x.q) {
-				x.q, x.head = x.q[:0], 0
-			}
-			x.q = append(x.q, t)
-		}
+		t := x.tail(false, pool)
 		k := copy(t.buf[t.w:], b)
 		t.w += k
 		b = b[k:]
 	}
 }
 
-// front is the oldest chunk with unread bytes, or nil.
-func (x *rxQueue) front() *chunk {
-	if x.head < len(x.q) {
-		return x.q[x.head]
+// front is the oldest chunk with unread bytes, or nil; drained chunks in
+// front of it go back to pool.
+func (x *rxQueue) front(pool *chunkPool) *chunk {
+	for x.head < len(x.q) {
+		c := x.q[x.head]
+		if c.r < c.w {
+			return c
+		}
+		if x.head == len(x.q)-1 {
+			c.r, c.w = 0, 0 // keep the last one for reuse
+			return nil
+		}
+		x.pop(pool)
 	}
 	return nil
 }
 
-// consumed records that n bytes of the front chunk were read; a drained
-// chunk goes back to pool unless it is the last (then it is rewound for reuse).
-func (x *rxQueue) consumed(c *chunk, n int, pool *chunkPool) {
-	c.r += n
-	x.n -= n
-	if c.r < c.w {
-		return
-	}
-	if x.head == len(x.q)-1 {
-		c.r, c.w = 0, 0
-		return
-	}
+func (x *rxQueue) pop(pool *chunkPool) {
+	pool.put(x.q[x.head])
 	x.q[x.head] = nil
 	x.head++
-	pool.put(c)
 	if x.head > 32 && x.head*2 > len(x.q) {
 		k := copy(x.q, x.q[x.head:])
 		clear(x.q[k:])
 		x.q, x.head = x.q[:k], 0
 	}
+}
+
+// consumed records that n bytes of chunk c (the front) were read.
+func (x *rxQueue) consumed(c *chunk, n int) {
+	c.r += n
+	x.n -= n
 }
 
 // release returns every chunk to pool.
@@ -116,8 +135,9 @@ func (x *rxQueue) release(pool *chunkPool) {
 }
 
 // stagePool is a bounded free list of library-owned, registered buffers
-// (MD.MemAlloc) into which readers pull rendezvous data when their own Read
-// buffer is too small to be worth registering. Safe for concurrent use.
+// (MD.MemAlloc) through which rendezvous data is pulled on MDs whose
+// zero-copy buffers need a registration (the receive chunks have none).
+// Safe for concurrent use.
 type stagePool struct {
 	md   uct.MD
 	size int

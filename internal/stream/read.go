@@ -10,12 +10,20 @@ import (
 	"github.com/gouct/gouct/uct"
 )
 
-// Read reads up to len(p) bytes: buffered data first, else a pull of
-// rendezvous data (straight into p when p is large, else through a pooled
-// registered buffer), else it blocks. io.EOF after the peer's FIN.
+// Read reads up to len(p) bytes: buffered data first (DATA, and
+// rendezvous data pulled ahead), else a pull of rendezvous data (straight
+// into p when p is large), else it blocks. io.EOF after the peer's FIN.
 func (c *Conn) Read(p []byte) (int, error) {
 	c.rdMu.Lock()
-	defer c.rdMu.Unlock()
+	n, err := c.read(p)
+	c.rdMu.Unlock()
+	if c.rndvWant.Load() && int(c.rxn.Load()) <= c.mux.window/2 {
+		c.kickPull() // pull the rest of a rendezvous ahead while the app works
+	}
+	return n, err
+}
+
+func (c *Conn) read(p []byte) (int, error) {
 	for {
 		dl := c.rdDL.wait()
 		c.mu.Lock()
@@ -36,14 +44,20 @@ func (c *Conn) Read(p []byte) (int, error) {
 		case len(p) == 0:
 			c.mu.Unlock()
 			return 0, nil
-		case c.stR < c.stW:
-			c.mu.Unlock()
-			return c.readStage(p), nil
 		case c.rx.n > 0:
 			return c.readChunksLocked(p), nil
 		case c.rndvRx.active:
 			c.mu.Unlock()
-			return c.pullRndv(p)
+			if len(p) >= c.mux.directMin {
+				if n, err := c.pullDirect(p); n > 0 || err != nil {
+					return n, err
+				}
+				continue
+			}
+			if err := c.pullChunks(max(len(p), pullStep)); err != nil {
+				return 0, c.failRead(err)
+			}
+			continue
 		case c.finRecv:
 			c.mu.Unlock()
 			return 0, io.EOF
@@ -53,24 +67,34 @@ func (c *Conn) Read(p []byte) (int, error) {
 	}
 }
 
+// pullStep is how much rendezvous data a Read with a small buffer pulls
+// into chunks at once; the puller then works ahead up to the window.
+const pullStep = 256 << 10
+
 // readChunksLocked copies buffered bytes out (the copy itself runs unlocked:
-// the handler only appends past w and only the reader consumes), returns
-// their credit, and unlocks c.mu.
+// appends go past w and only the reader consumes), returns the credit of
+// the DATA bytes among them, and unlocks c.mu.
 func (c *Conn) readChunksLocked(p []byte) int {
-	n := 0
+	n, credit := 0, 0
+	pool := &c.mux.chunks
 	for n < len(p) {
-		ch := c.rx.front()
-		if ch == nil || ch.r == ch.w {
+		ch := c.rx.front(pool)
+		if ch == nil {
 			break
 		}
 		seg := ch.buf[ch.r:ch.w]
 		c.mu.Unlock()
 		k := copy(p[n:], seg)
 		c.mu.Lock()
-		c.rx.consumed(ch, k, &c.mux.chunks)
+		c.rx.consumed(ch, k)
+		if !ch.rndv {
+			credit += k
+		}
 		n += k
 	}
-	c.owed += n
+	c.rx.front(pool) // recycle what was drained
+	c.rxn.Store(int64(c.rx.n))
+	c.owed += credit
 	kick := c.owed >= c.batch
 	c.mu.Unlock()
 	if kick {
@@ -80,81 +104,135 @@ func (c *Conn) readChunksLocked(p []byte) int {
 	return n
 }
 
-func (c *Conn) readStage(p []byte) int {
-	n := copy(p, c.stage.Buf[c.stR:c.stW])
-	c.stR += n
-	if c.stR == c.stW {
-		c.stR, c.stW = 0, 0
-		c.mux.stages.put(c.stage)
-		c.stage = uct.Mem{}
-	}
-	c.bytesRead.Add(uint64(n))
-	return n
-}
-
-// pullRndv reads rendezvous data with GetZcopy: into p when it is at least
-// directMin bytes (registering it for local write where the MD needs it),
-// else into a pooled registered buffer that later Reads drain. When the
-// whole request is pulled, ATS releases the writer.
-func (c *Conn) pullRndv(p []byte) (int, error) {
+// pullDirect pulls rendezvous data with one GetZcopy straight into p
+// (registered for local write where the MD needs it). The caller holds rdMu.
+// It returns 0, nil when p could not be registered and the data went to
+// the chunks instead.
+func (c *Conn) pullDirect(p []byte) (int, error) {
 	r := &c.rndvRx
 	md := c.mux.ti.MD
-	want := r.length - r.off
-	if g := uint64(c.mux.attr.MaxGet); want > g {
-		want = g
-	}
-	var dst []byte
+	dst := p[:min(uint64(len(p)), r.length-r.off, uint64(c.mux.attr.MaxGet))]
 	var mh uct.MemH
-	direct := false
-	if len(p) >= c.mux.directMin {
-		dst = p[:min(uint64(len(p)), want)]
-		direct = true
-		if c.mux.mdAttr.Flags&uct.MDNeedMemH != 0 {
-			h, err := md.Register(dst, uct.AccessLocalWrite)
-			if err != nil {
-				direct = false
-			} else {
-				mh = h
+	if c.mux.mdAttr.Flags&uct.MDNeedMemH != 0 {
+		h, err := md.Register(dst, uct.AccessLocalWrite)
+		if err != nil {
+			// Not registrable: go through the chunks instead.
+			if err := c.pullChunks(pullStep); err != nil {
+				return 0, c.failRead(err)
 			}
+			return 0, nil
 		}
-	}
-	if !direct {
-		if c.stage.Buf == nil {
-			m, err := c.mux.stages.get()
-			if err != nil {
-				return 0, c.failRead(fmt.Errorf("rendezvous staging buffer: %w", err))
-			}
-			c.stage = m
-		}
-		dst = c.stage.Buf[:min(uint64(len(c.stage.Buf)), want)]
-		mh = c.stage.MemH
+		mh = h
 	}
 	c.iov[0] = uct.IOV{Buf: dst, MemH: mh}
 	err := c.get(r.addr+r.off, r.rkey)
 	c.iov[0] = uct.IOV{}
-	if direct && mh != nil {
+	if mh != nil {
 		md.Deregister(mh)
 	}
 	if err != nil {
 		return 0, c.failRead(err)
 	}
+	c.pulled(len(dst))
+	c.bytesRead.Add(uint64(len(dst)))
+	return len(dst), nil
+}
+
+// pulled records n more bytes of the rendezvous as delivered; the last ones
+// owe the writer its ATS.
+func (c *Conn) pulled(n int) {
+	r := &c.rndvRx
 	c.mu.Lock()
-	r.off += uint64(len(dst))
-	ats := r.off == r.length
-	if ats {
+	r.off += uint64(n)
+	done := r.off == r.length
+	if done {
 		r.active = false
+		c.rndvWant.Store(false)
 		c.atsOwed, c.atsToken = true, r.token
 	}
 	c.mu.Unlock()
-	if ats {
+	if done {
 		c.kickCtl()
 	}
-	if direct {
-		c.bytesRead.Add(uint64(len(dst)))
-		return len(dst), nil
+}
+
+// pullChunks pulls up to limit bytes of the active rendezvous into
+// rendezvous chunks of the receive queue (through a registered staging
+// buffer where the MD needs registrations), stopping at the window. The
+// caller holds rdMu; DATA cannot arrive meanwhile (it would be a protocol
+// error), so the chunk tail is the puller's alone.
+func (c *Conn) pullChunks(limit int) error {
+	r := &c.rndvRx
+	needMemH := c.mux.mdAttr.Flags&uct.MDNeedMemH != 0
+	for limit > 0 {
+		c.mu.Lock()
+		if !r.active || c.closed || c.err != nil || c.released || c.rx.n >= c.mux.window {
+			c.mu.Unlock()
+			return nil
+		}
+		ch := c.rx.tail(true, &c.mux.chunks)
+		k := int(min(uint64(len(ch.buf)-ch.w), r.length-r.off, uint64(limit), uint64(c.mux.attr.MaxGet)))
+		dst := ch.buf[ch.w : ch.w+k]
+		c.mu.Unlock()
+		var err error
+		if needMemH {
+			var st uct.Mem
+			if st, err = c.mux.stages.get(); err == nil {
+				k = min(k, len(st.Buf))
+				dst = dst[:k]
+				c.iov[0] = uct.IOV{Buf: st.Buf[:k], MemH: st.MemH}
+				if err = c.get(r.addr+r.off, r.rkey); err == nil {
+					copy(dst, st.Buf[:k])
+				}
+				c.mux.stages.put(st)
+			}
+		} else {
+			c.iov[0] = uct.IOV{Buf: dst}
+			err = c.get(r.addr+r.off, r.rkey)
+		}
+		c.iov[0] = uct.IOV{}
+		if err != nil {
+			return err
+		}
+		c.mu.Lock()
+		ch.w += k
+		c.rx.n += k
+		c.rxn.Store(int64(c.rx.n))
+		c.mu.Unlock()
+		c.pulled(k)
+		limit -= k
 	}
-	c.stR, c.stW = 0, len(dst)
-	return c.readStage(p), nil
+	return nil
+}
+
+// kickPull starts the puller unless it runs: a goroutine that pulls a
+// rendezvous ahead into the receive queue (up to the window) while no Read
+// runs, so the writer is released without waiting for the application.
+func (c *Conn) kickPull() {
+	if c.pulling.CompareAndSwap(false, true) {
+		go c.pullAhead()
+	}
+}
+
+func (c *Conn) pullAhead() {
+	for {
+		if !c.rdMu.TryLock() {
+			// A Read runs: it pulls itself, and kicks again when it returns.
+			c.pulling.Store(false)
+			return
+		}
+		err := c.pullChunks(c.mux.window)
+		c.rdMu.Unlock()
+		if err != nil {
+			c.failRead(err)
+		}
+		signal(c.rdWake)
+		c.pulling.Store(false)
+		if !c.rndvWant.Load() || int(c.rxn.Load()) > c.mux.window/2 || c.isClosed() ||
+			!c.pulling.CompareAndSwap(false, true) {
+			return
+		}
+	}
 }
 
 // failRead resets the conn after a failed pull and returns Read's error.

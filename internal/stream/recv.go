@@ -87,12 +87,15 @@ func (c *Conn) recvRTS(credit uint32, r rts) {
 	if ok {
 		c.rndvRx = rndvRecv{active: true, token: r.token, addr: r.addr, length: r.length,
 			rkey: append(c.rndvRx.rkey[:0], r.rkey...)}
+		c.rndvWant.Store(true)
 	}
 	c.mu.Unlock()
 	c.wakeAll()
 	if !ok {
 		c.kickCtl()
+		return
 	}
+	c.kickPull() // a blocked Read pulls itself; otherwise the puller works ahead
 }
 
 func (c *Conn) recvATS(credit uint32, token uint32) {
