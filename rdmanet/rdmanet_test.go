@@ -97,9 +97,15 @@ func TestConn(t *testing.T) {
 		{"shm", []string{"shm"}, "shm"}, // forced: shm inside one process
 		{"tcp", []string{"tcp"}, "tcp"},
 		{"default", nil, "self"}, // one process: self beats every other transport
+		{"env", []string{"env:tcp"}, "tcp"}, // RDMANET_TLS=tcp, nil Config
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			if tc.tls == nil && envTLS() != "" {
+			if len(tc.tls) == 1 && strings.HasPrefix(tc.tls[0], "env:") {
+				// RDMANET_TLS read from the environment (nil Config).
+				t.Setenv("RDMANET_TLS", strings.TrimPrefix(tc.tls[0], "env:"))
+				tc.tls = nil
+			}
+			if tc.name == "default" && envTLS() != "" {
 				t.Skipf("RDMANET_TLS=%s overrides the default", envTLS())
 			}
 			c := cfg(tc.tls...)
