@@ -841,3 +841,23 @@ func testRendezvousWithoutReader(t *testing.T, tl string) {
 		t.Fatalf("rendezvous messages %d, want 1", s.MsgRndv)
 	}
 }
+
+// TestRendezvousSplit: a Write beyond the largest registration goes as
+// several rendezvous (and a tail below the threshold by copy).
+func TestRendezvousSplit(t *testing.T) {
+	e := newEnv(t, "self", nil)
+	e.a.mux.maxRndv = 100 << 10
+	p := e.pair(t)
+	defer p.close()
+	want := make([]byte, 1<<20)
+	rand.New(rand.NewSource(9)).Read(want)
+	go p.c1.Write(want)
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(p.c2, got); err != nil || !bytes.Equal(got, want) {
+		t.Fatalf("read: %v (equal %v)", err, bytes.Equal(got, want))
+	}
+	// 1 MiB = 10 × 100 KiB + 24 KiB: ten rendezvous, the tail by copy.
+	if s := p.c1.Stats(); s.MsgRndv != 10 || s.MsgBcopy == 0 {
+		t.Fatalf("stats %+v, want 10 rendezvous and bcopy for the tail", s)
+	}
+}

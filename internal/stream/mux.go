@@ -23,6 +23,7 @@ type Mux struct {
 	maxShort   int // largest AMShort payload (header excluded); -1 without AMShort
 	maxFrag    int // largest DATA payload per message
 	rndvThresh int // Write size from which rendezvous is used; 0: never
+	maxRndv    int // largest rendezvous (the MD's largest registration); 0: no limit
 	directMin  int // Read size from which a rendezvous pull lands in the Read buffer
 	window     int
 
@@ -62,6 +63,9 @@ func NewMux(w *uct.Worker, ti *uct.TLIface, cfg *uct.Config) (*Mux, error) {
 	m.window = min(max(cfg.RxWindow, initialCredit), 1<<30)
 	m.rndvThresh = rndvThreshold(cfg, a, m.mdAttr, m.maxFrag)
 	m.directMin = max(m.rndvThresh, 64<<10)
+	if r := m.mdAttr.MaxReg; r > 0 && r < 1<<40 {
+		m.maxRndv = int(r)
+	}
 	m.chunks.max = m.window / chunkSize * 2
 	m.stages = stagePool{md: ti.MD, size: 256 << 10, max: 4}
 	ids := []uint8{amData, amCredit, amRTS, amATS, amFIN, amRST}

@@ -14,16 +14,34 @@ import (
 // pulls it. Write returns once every byte is in the transport's hands or
 // delivered; p may be reused then. It blocks (deadline-aware) at zero
 // credit. A Write abandoned during rendezvous (deadline, Close) resets the
-// conn: the peer may have pulled part of p.
+// conn: the peer may have pulled part of p. Writes larger than the MD's
+// largest registration go as several rendezvous.
 func (c *Conn) Write(p []byte) (int, error) {
 	c.wrMu.Lock()
 	defer c.wrMu.Unlock()
-	if t := c.mux.rndvThresh; t > 0 && len(p) >= t {
-		if n, err, ok := c.writeRndv(p); ok {
+	t := c.mux.rndvThresh
+	if t == 0 || len(p) < t {
+		return c.writeCopy(p)
+	}
+	n := 0
+	for n < len(p) {
+		piece := p[n:]
+		if m := c.mux.maxRndv; m > 0 && len(piece) > m {
+			piece = piece[:m]
+		}
+		k, err, ok := 0, error(nil), false
+		if len(piece) >= t {
+			k, err, ok = c.writeRndv(piece)
+		}
+		if !ok {
+			k, err = c.writeCopy(piece)
+		}
+		n += k
+		if err != nil {
 			return n, err
 		}
 	}
-	return c.writeCopy(p)
+	return n, nil
 }
 
 func (c *Conn) writeErrLocked(dl <-chan struct{}) error {
