@@ -66,8 +66,6 @@ func (c *Conn) fail(err error) {
 	c.wakeAll()
 }
 
-// ---------------------------------------------------------------- close
-
 // CloseWrite half-closes: FIN follows the data written so far; the peer
 // reads it all, then io.EOF. Reads go on. Later Writes fail.
 func (c *Conn) CloseWrite() error {

@@ -10,11 +10,21 @@
 // Protocols, by Write size (thresholds from the iface's attributes):
 // up to MaxShort one AMShort; up to the rendezvous threshold AMBcopy
 // fragments pipelined within the peer's credit; above it, with GetZcopy,
-// rendezvous: the writer registers its buffer and sends RTS, the reader
-// pulls with GetZcopy and answers ATS. The receiver grants a byte window
-// (Config.RxWindow); credits return as the application reads, batched at a
-// quarter window and piggybacked on every outgoing message. The wire
-// format is documented in wire.go.
+// rendezvous: the writer registers its buffer and sends RTS; the receiver
+// pulls with GetZcopy — straight into a waiting Read's buffer when it is
+// large, else into its receive queue (a goroutine pulls ahead, up to the
+// window, while no Read runs) — and answers ATS, which releases the
+// writer. The rendezvous threshold is Config.RndvThresh, or derived from
+// the MD's registration cost and the iface's latency and bandwidth
+// (64–256 KiB). The receiver grants a byte window (Config.RxWindow) for
+// copied data; credits return as the application reads, batched at a
+// quarter window and piggybacked on every outgoing message. Received data
+// is copied into 64 KiB chunks from a per-Mux pool. The wire format is
+// documented in wire.go.
+//
+// Blocked calls first poll the transport themselves (Worker.TryProgress)
+// for Config.ReadSpin, then park until a handler signals them; handlers
+// and completions never block and only hand off and signal.
 //
 // Liveness (the ctl socket, after Start): the only bytes on it are one
 // notice written just before the socket is closed: 'C' after a graceful

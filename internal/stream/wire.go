@@ -30,7 +30,7 @@ const (
 //
 //	| AM     | body                                                              | credit-counted |
 //	|--------|-------------------------------------------------------------------|----------------|
-//	| DATA   | payload, 1..MaxBcopy-8 bytes                                      | yes            |
+//	| DATA   | payload, 1..max(MaxShort, MaxBcopy-8) bytes                       | yes            |
 //	| CREDIT | empty                                                             | no             |
 //	| RTS    | token u32, length u64, remote address u64, rkey length u16, rkey  | no             |
 //	| ATS    | token u32                                                         | no             |
