@@ -86,6 +86,7 @@ func TestReasons(t *testing.T) {
 	other.BootID[0] ^= 0xff
 	otherUser := same
 	otherUser.UID++
+	all := []string{"all"} // not the environment's RDMANET_TLS
 	bogus := localCand(t, "self")
 	bogus.IfaceAddr = []byte{0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0xff, 0x7f}
 	for _, tc := range []struct {
@@ -95,21 +96,21 @@ func TestReasons(t *testing.T) {
 		status wire.Status
 		reason wire.Reason
 	}{
-		{"other host", nil, wire.Hello{Host: other, Flags: wire.FlagTCPAllowed, Cands: []wire.Candidate{localCand(t, "shm")}},
+		{"other host", all, wire.Hello{Host: other, Flags: wire.FlagTCPAllowed, Cands: []wire.Candidate{localCand(t, "shm")}},
 			wire.StatusFallback, wire.ReasonOtherHost},
-		{"other user", nil, wire.Hello{Host: otherUser, Flags: wire.FlagTCPAllowed, Cands: []wire.Candidate{localCand(t, "shm"), localCand(t, "self")}},
+		{"other user", all, wire.Hello{Host: otherUser, Flags: wire.FlagTCPAllowed, Cands: []wire.Candidate{localCand(t, "shm"), localCand(t, "self")}},
 			wire.StatusFallback, wire.ReasonOtherHost},
-		{"other host, no tcp", nil, wire.Hello{Host: other, Cands: []wire.Candidate{localCand(t, "shm")}},
+		{"other host, no tcp", all, wire.Hello{Host: other, Cands: []wire.Candidate{localCand(t, "shm")}},
 			wire.StatusRefused, wire.ReasonOtherHost},
-		{"unknown transport", nil, wire.Hello{Host: same, Flags: wire.FlagTCPAllowed, Cands: []wire.Candidate{{TL: "quantum", Device: "q0"}}},
+		{"unknown transport", all, wire.Hello{Host: same, Flags: wire.FlagTCPAllowed, Cands: []wire.Candidate{{TL: "quantum", Device: "q0"}}},
 			wire.StatusFallback, wire.ReasonNoCommon},
-		{"client offers nothing", nil, wire.Hello{Host: same, Flags: wire.FlagTCPAllowed | wire.FlagForced, Asked: "tcp"},
+		{"client offers nothing", all, wire.Hello{Host: same, Flags: wire.FlagTCPAllowed | wire.FlagForced, Asked: "tcp"},
 			wire.StatusFallback, wire.ReasonDisabled},
 		{"server disabled", []string{"tcp"}, wire.Hello{Host: same, Flags: wire.FlagTCPAllowed, Cands: []wire.Candidate{localCand(t, "self")}},
 			wire.StatusFallback, wire.ReasonDisabled},
 		{"server forbids tcp", []string{"self"}, wire.Hello{Host: same, Flags: wire.FlagTCPAllowed, Cands: []wire.Candidate{bogus}},
 			wire.StatusRefused, wire.ReasonUnreachable},
-		{"unreachable", nil, wire.Hello{Host: same, Flags: wire.FlagTCPAllowed, Cands: []wire.Candidate{bogus}},
+		{"unreachable", all, wire.Hello{Host: same, Flags: wire.FlagTCPAllowed, Cands: []wire.Candidate{bogus}},
 			wire.StatusFallback, wire.ReasonUnreachable},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
