@@ -22,6 +22,10 @@ const (
 	maxWritev  = 1024 // IOV_MAX on Linux
 
 	dialTimeout = 10 * time.Second
+
+	// txEvents: an outgoing socket is always watched for the peer going
+	// away (it never sends on it); evOut is added while data is queued.
+	txEvents = evRdHup
 )
 
 type chunk struct {
@@ -234,7 +238,7 @@ func (e *ep) dial(ctx context.Context) {
 	e.conn, e.raw, e.fd = conn, raw, fd
 	e.backlog = true // the magic at least is queued
 	e.mu.Unlock()
-	if err := e.iface.attach(fd, e, evOut); err != nil {
+	if err := e.iface.attach(fd, e, txEvents|evOut); err != nil {
 		e.fail(err)
 		return
 	}
@@ -248,7 +252,7 @@ func (e *ep) fail(err error) {
 		e.err = fmt.Errorf("%w", err)
 	}
 	e.mu.Unlock()
-	e.iface.w.Post(func() { e.progress() })
+	e.iface.w.Post(func() { e.progress(0) })
 }
 
 // admit reports why a send cannot be queued now (e.mu held).
@@ -310,9 +314,9 @@ func (e *ep) setBacklog(on bool) {
 	if e.backlog == on || e.raw == nil {
 		return
 	}
-	ev := uint32(0)
+	ev := uint32(txEvents)
 	if on {
-		ev = evOut
+		ev |= evOut
 	}
 	if e.iface.poll.mod(e.fd, ev) == nil {
 		e.backlog = on
@@ -451,11 +455,15 @@ func (e *ep) ConnectToEP(devAddr, epAddr []byte) error {
 	return uct.NotSupported("tcp: connect to ep")
 }
 
-// progress writes queued data, fires completions of what is written and
-// runs pending requests when there is room; after a failure it reports it
-// once (worker only).
-func (e *ep) progress() int {
+// progress handles poller events ev of the socket: writes queued data,
+// fires completions of what is written and runs pending requests when there
+// is room. A socket error or the peer shutting down fails the EP; the
+// failure is reported once (worker only).
+func (e *ep) progress(ev uint32) int {
 	e.mu.Lock()
+	if ev&(evErr|evRdHup) != 0 && e.err == nil {
+		e.err = fmt.Errorf("tcp: connection to %s closed by the peer: %w", e.addr, uct.ErrEndpointReset)
+	}
 	if e.err != nil {
 		if e.reported {
 			e.mu.Unlock()

@@ -356,7 +356,7 @@ func (i *iface) Progress() int {
 		case *rxConn:
 			n += i.receive(s) + 1
 		case *ep:
-			n += s.progress() + 1
+			n += s.progress(eventFlags(&i.evs[j])) + 1
 		}
 	}
 	return n

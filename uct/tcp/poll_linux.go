@@ -10,9 +10,10 @@ import (
 
 // Event flags of a pollEvent.
 const (
-	evIn  = unix.EPOLLIN | unix.EPOLLRDHUP
-	evOut = unix.EPOLLOUT
-	evErr = unix.EPOLLERR | unix.EPOLLHUP
+	evIn    = unix.EPOLLIN | unix.EPOLLRDHUP
+	evOut   = unix.EPOLLOUT
+	evRdHup = unix.EPOLLRDHUP               // the peer shut down its side
+	evErr   = unix.EPOLLERR | unix.EPOLLHUP // always reported
 )
 
 type pollEvent = unix.EpollEvent
@@ -82,3 +83,5 @@ func (p *poller) block() error {
 func (p *poller) close() error { return p.f.Close() }
 
 func eventFd(ev *pollEvent) int { return int(ev.Fd) }
+
+func eventFlags(ev *pollEvent) uint32 { return ev.Events }

@@ -10,9 +10,10 @@ import (
 )
 
 const (
-	evIn  = 1
-	evOut = 4
-	evErr = 8
+	evIn    = 1
+	evOut   = 4
+	evRdHup = 0x2000
+	evErr   = 8
 )
 
 type pollEvent struct {
@@ -35,3 +36,4 @@ func (p *poller) ready() bool                     { return false }
 func (p *poller) block() error                    { return pollSupported() }
 func (p *poller) close() error                    { return nil }
 func eventFd(ev *pollEvent) int                   { return int(ev.Fd) }
+func eventFlags(ev *pollEvent) uint32             { return ev.Events }

@@ -183,6 +183,48 @@ func TestPeerGone(t *testing.T) {
 	}
 }
 
+// TestIdlePeerGone: an idle EP learns that its peer closed (no send
+// needed), reports it, and the worker parks instead of polling a dead socket.
+func TestIdlePeerGone(t *testing.T) {
+	errs := make(chan error, 4)
+	i := openLo(t, uct.IfaceParams{ErrHandler: func(ep uct.EP, err error) { errs <- err }})
+	peer := openLo(t, uct.IfaceParams{})
+	var got atomic.Int64
+	peer.SetAMHandler(1, func([]byte) { got.Add(1) })
+	e, err := i.CreateEP(uct.EPParams{DevAddr: peer.DeviceAddress(), IfaceAddr: peer.IfaceAddress()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer e.Close()
+	e.AMShort(1, 0, nil)
+	for got.Load() == 0 {
+		time.Sleep(time.Millisecond)
+	}
+	peer.Close()
+	select {
+	case err := <-errs:
+		if !errors.Is(err, uct.ErrEndpointReset) {
+			t.Errorf("ErrHandler got %v, want ErrEndpointReset", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("idle EP: peer close not reported")
+	}
+	if err := e.AMShort(1, 0, nil); !errors.Is(err, uct.ErrEndpointReset) {
+		t.Errorf("send after the peer closed: %v", err)
+	}
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		wk := i.w.Wakeups.Load()
+		if i.w.Sleeps.Load() > wk {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("worker does not park after the peer closed")
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
 func TestNotSupported(t *testing.T) {
 	i := openLo(t, uct.IfaceParams{})
 	peer := openLo(t, uct.IfaceParams{})
