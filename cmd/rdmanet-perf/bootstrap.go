@@ -143,3 +143,38 @@ func (b *boot) call(m *msg, reply string) (*msg, error) {
 	}
 	return b.expect(reply)
 }
+
+// watch receives the next message in a goroutine and reports whether it
+// was op: a step's measuring goroutine runs meanwhile, and a peer that
+// dies (the bootstrap connection fails) aborts the step at once instead of
+// leaving it to wait for its deadline. The caller may send on b while the
+// watch runs, and must not receive until it has reported.
+func (b *boot) watch(op string) <-chan error {
+	ch := make(chan error, 1)
+	go func() {
+		_, err := b.expect(op)
+		ch <- err
+	}()
+	return ch
+}
+
+// measure runs fn on its own goroutine while watching the bootstrap for op
+// (see watch). If the watch fails first, abort is called, fn's result
+// awaited, and the watch error returned. Otherwise it returns the
+// still-pending watch (nil when it already reported success) and fn's error.
+func measure(b *boot, op string, fn func() error, abort func()) (<-chan error, error) {
+	w := b.watch(op)
+	done := make(chan error, 1)
+	go func() { done <- fn() }()
+	select {
+	case err := <-done:
+		return w, err
+	case werr := <-w:
+		if werr != nil {
+			abort()
+			<-done
+			return nil, werr
+		}
+		return nil, <-done
+	}
+}

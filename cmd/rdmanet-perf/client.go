@@ -136,28 +136,46 @@ func (cl *client) uctStep(r *Result, base int64) error {
 	}
 	u.progress, u.progBase = cl.done, base
 	deadline := time.Now().Add(cl.cmd.timeout)
-	switch r.Test {
-	case "am_lat":
-		samples := make([]int64, r.Iterations)
-		if err := u.clientLat(method, r.Size, r.Warmup, samples, deadline); err != nil {
-			return err
+	return cl.finish(func() error {
+		switch r.Test {
+		case "am_lat":
+			samples := make([]int64, r.Iterations)
+			if err := u.clientLat(method, r.Size, r.Warmup, samples, deadline); err != nil {
+				return err
+			}
+			latResult(r, samples)
+		case "am_bw":
+			d, err := u.clientBW(method, r.Size, r.Warmup, r.Iterations, deadline)
+			if err != nil {
+				return err
+			}
+			bwResult(r, d)
+		case "put_bw", "get_bw":
+			d, err := u.clientRMA(r.Test == "get_bw", r.Size, r.Warmup, r.Iterations, ready.RAddr, ready.RKey, deadline)
+			if err != nil {
+				return err
+			}
+			bwResult(r, d)
 		}
-		latResult(r, samples)
-	case "am_bw":
-		d, err := u.clientBW(method, r.Size, r.Warmup, r.Iterations, deadline)
-		if err != nil {
-			return err
-		}
-		bwResult(r, d)
-	case "put_bw", "get_bw":
-		d, err := u.clientRMA(r.Test == "get_bw", r.Size, r.Warmup, r.Iterations, ready.RAddr, ready.RKey, deadline)
-		if err != nil {
-			return err
-		}
-		bwResult(r, d)
+		return nil
+	}, u.abort)
+}
+
+// finish runs a step's measurement while watching the bootstrap (a server
+// that dies or fails mid-step aborts it at once), then tells the server the
+// step is over and waits for its done.
+func (cl *client) finish(fn func() error, abort func()) error {
+	done, err := measure(cl.b, opDone, fn, abort)
+	if err != nil {
+		return err
 	}
-	_, err = cl.b.call(&msg{Op: opFinish}, opDone)
-	return err
+	if done == nil {
+		return errors.New("server ended the step before the client")
+	}
+	if err := cl.b.send(&msg{Op: opFinish}); err != nil {
+		return err
+	}
+	return <-done
 }
 
 // openUCT opens the client's ifaces once per session, picks the transport
@@ -282,24 +300,25 @@ func (cl *client) connStep(r *Result, network string, base int64) error {
 	}
 	cs.progress, cs.progBase = cl.done, base
 	deadline := time.Now().Add(cl.cmd.timeout)
-	switch r.Test {
-	case "stream_lat":
-		samples := make([]int64, r.Iterations)
-		if err := cs.clientLat(r.Size, r.Warmup, samples, deadline); err != nil {
-			return err
+	return cl.finish(func() error {
+		switch r.Test {
+		case "stream_lat":
+			samples := make([]int64, r.Iterations)
+			if err := cs.clientLat(r.Size, r.Warmup, samples, deadline); err != nil {
+				return err
+			}
+			latResult(r, samples)
+		case "stream_bw":
+			d, err := cs.clientBW(r.Size, r.Warmup, r.Iterations, deadline)
+			if err != nil {
+				return err
+			}
+			bwResult(r, d)
+		default:
+			return fmt.Errorf("unknown conn test %q", r.Test)
 		}
-		latResult(r, samples)
-	case "stream_bw":
-		d, err := cs.clientBW(r.Size, r.Warmup, r.Iterations, deadline)
-		if err != nil {
-			return err
-		}
-		bwResult(r, d)
-	default:
-		return fmt.Errorf("unknown conn test %q", r.Test)
-	}
-	_, err = cl.b.call(&msg{Op: opFinish}, opDone)
-	return err
+		return nil
+	}, cs.abort)
 }
 
 // conn dials the data connection of network once per session.

@@ -35,6 +35,9 @@ func (s *connSide) prepare(size int) {
 	}
 }
 
+// abort makes a blocked Read or Write return (a deadline in the past).
+func (s *connSide) abort() { s.c.SetDeadline(time.Unix(1, 0)) }
+
 func (s *connSide) tick(i int) {
 	if s.progress != nil && i&255 == 0 {
 		s.progress.Store(s.progBase + int64(i))

@@ -508,3 +508,44 @@ func TestServerSignal(t *testing.T) {
 		}
 	}
 }
+
+// A peer that dies mid-step ends the step at once on the other side: the
+// server goes on to its next client, the client reports the failure; neither
+// waits for the step's deadline.
+func TestPeerDiesMidStep(t *testing.T) {
+	for _, test := range []string{"stream_lat", "am_lat"} {
+		t.Run("client dies/"+test, func(t *testing.T) {
+			port, _, srvErr := startServer(t, "-forever")
+			cl := exec.Command(os.Args[0])
+			cl.Env = append(os.Environ(), childEnv+"=-p "+port+" -q -t "+test+" -n 10000000 -s 64 127.0.0.1")
+			if err := cl.Start(); err != nil {
+				t.Fatal(err)
+			}
+			time.Sleep(700 * time.Millisecond)
+			cl.Process.Kill()
+			cl.Wait()
+			start := time.Now()
+			if _, errs, code := runPerf(t, "-p", port, "-q", "-t", test, "-n", "100", "-s", "64", "127.0.0.1"); code != 0 {
+				t.Fatalf("next client: exit %d: %s (server: %s)", code, errs, srvErr.String())
+			}
+			if d := time.Since(start); d > 15*time.Second {
+				t.Errorf("next client waited %v for the server", d)
+			}
+		})
+		t.Run("server dies/"+test, func(t *testing.T) {
+			port, srv, _ := startServer(t)
+			go func() {
+				time.Sleep(700 * time.Millisecond)
+				srv.Process.Kill()
+			}()
+			start := time.Now()
+			_, errs, code := runPerf(t, "-p", port, "-q", "-t", test, "-n", "10000000", "-s", "64", "127.0.0.1")
+			if code != 1 || errs == "" {
+				t.Fatalf("exit %d, stderr %q: want 1 with the reason", code, errs)
+			}
+			if d := time.Since(start); d > 15*time.Second {
+				t.Errorf("client took %v to notice", d)
+			}
+		})
+	}
+}

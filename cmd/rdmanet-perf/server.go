@@ -219,6 +219,7 @@ func (c *command) serverStep(b *boot, st *serverState, m *msg) error {
 	deadline := time.Now().Add(c.timeout)
 	ready := &msg{Op: opReady}
 	var loop func() error
+	var abort func() // makes loop return at once
 	var cleanup func() error
 	switch m.Layer {
 	case "uct":
@@ -231,6 +232,7 @@ func (c *command) serverStep(b *boot, st *serverState, m *msg) error {
 			return err
 		}
 		u.prepare(m.Size)
+		abort = u.abort
 		switch m.Test {
 		case "am_lat":
 			loop = func() error { return u.serverLat(method, m.Size, m.Warmup+m.Iters, deadline) }
@@ -250,6 +252,7 @@ func (c *command) serverStep(b *boot, st *serverState, m *msg) error {
 			return err
 		}
 		cs.prepare(m.Size)
+		abort = cs.abort
 		switch m.Test {
 		case "stream_lat":
 			loop = func() error { return cs.serverLat(m.Size, m.Warmup+m.Iters, deadline) }
@@ -262,10 +265,15 @@ func (c *command) serverStep(b *boot, st *serverState, m *msg) error {
 		return fmt.Errorf("unknown layer %q", m.Layer)
 	}
 	err := b.send(ready)
-	if err == nil && loop != nil {
-		err = loop()
-	}
-	if err == nil {
+	switch {
+	case err != nil:
+	case loop != nil:
+		// A client that dies mid-step aborts the loop at once.
+		var fin <-chan error
+		if fin, err = measure(b, opFinish, loop, abort); err == nil && fin != nil {
+			err = <-fin
+		}
+	default:
 		_, err = b.expect(opFinish)
 	}
 	if cleanup != nil {

@@ -38,6 +38,10 @@ type uctSide struct {
 	wake   chan struct{} // 1 slot; stale tokens are harmless (callers re-check)
 	timer  *time.Timer
 	preq   uct.PendingReq
+	// abortCh is closed (by abort, from the session goroutine) when the
+	// peer's bootstrap connection fails during a step; a new one per step.
+	abortCh chan struct{}
+	aborted atomic.Bool
 
 	payload []byte // preallocated send payload, grown per step
 	packN   int    // bytes the pack function writes this step
@@ -122,6 +126,15 @@ func (s *uctSide) prepare(size int) {
 	s.packN = size
 	s.recv.Store(0)
 	s.acks.Store(0)
+	s.abortCh = make(chan struct{})
+	s.aborted.Store(false)
+}
+
+// abort makes the step's waits return errAborted. Called once per step at
+// most, from another goroutine than the one measuring.
+func (s *uctSide) abort() {
+	s.aborted.Store(true)
+	close(s.abortCh)
 }
 
 // method is how a message of size bytes travels: AMShort when it fits
@@ -159,7 +172,10 @@ func (s *uctSide) method(test string, size int) (string, error) {
 	return "", fmt.Errorf("unknown uct test %q", test)
 }
 
-var errStepTimeout = errors.New("step timed out (peer gone or stuck?)")
+var (
+	errStepTimeout = errors.New("step timed out (peer gone or stuck?)")
+	errAborted     = errors.New("step aborted: the peer's bootstrap connection failed")
+)
 
 // notify wakes the session goroutine if it is parked (handlers call it
 // after counting; one atomic load when it is not).
@@ -189,7 +205,7 @@ func (s *uctSide) spinUntil(done func() bool) bool {
 			runtime.Gosched()
 			if start.IsZero() {
 				start = time.Now()
-			} else if time.Since(start) >= s.spin {
+			} else if time.Since(start) >= s.spin || s.aborted.Load() {
 				return done()
 			}
 		}
@@ -210,6 +226,10 @@ func (s *uctSide) park(deadline time.Time) error {
 		s.timer.Stop()
 		s.parked.Store(false)
 		return nil
+	case <-s.abortCh:
+		s.timer.Stop()
+		s.parked.Store(false)
+		return errAborted
 	case <-s.timer.C:
 		s.parked.Store(false)
 		return errStepTimeout
@@ -264,6 +284,9 @@ func (s *uctSide) send(id uint8, method string, size int, seq uint64, deadline t
 		if time.Since(start) < s.spin || !s.ti.Attr.Cap.Has(uct.CapPending) {
 			if time.Now().After(deadline) {
 				return errStepTimeout
+			}
+			if s.aborted.Load() {
+				return errAborted
 			}
 			continue
 		}
@@ -435,6 +458,9 @@ func (s *uctSide) clientRMA(get bool, size, warmup, iters int, raddr uint64, rke
 		case c = <-free:
 			s.timer.Stop()
 			return c, nil
+		case <-s.abortCh:
+			s.timer.Stop()
+			return nil, errAborted
 		case <-s.timer.C:
 			return nil, errStepTimeout
 		}
@@ -482,7 +508,7 @@ func (s *uctSide) clientRMA(get bool, size, warmup, iters int, raddr uint64, rke
 				}
 				s.w.TryProgress()
 				runtime.Gosched()
-				if time.Now().After(deadline) {
+				if time.Now().After(deadline) || s.aborted.Load() {
 					free <- c
 					return errStepTimeout
 				}
