@@ -15,7 +15,7 @@ import (
 //	go test -run '^$' -bench . -benchtime 2s ./internal/stream
 
 // tcpPair is a connected TCP loopback pair.
-func tcpPair(b *testing.B) (net.Conn, net.Conn) {
+func tcpPair(b testing.TB) (net.Conn, net.Conn) {
 	b.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -100,28 +100,34 @@ func BenchmarkEcho64(b *testing.B) {
 	}, "ns")
 }
 
-// BenchmarkWrite1MiB streams 1 MiB writes to a reader with a 1 MiB buffer
-// (rendezvous pulls land straight in it) and one with a 32 KiB buffer
-// (io.Copy's size: pulls go through staging buffers).
-func BenchmarkWrite1MiB(b *testing.B) {
-	for _, rd := range []int{1 << 20, 32 << 10} {
-		name := "read1MiB"
-		if rd != 1<<20 {
-			name = "read32KiB"
-		}
-		b.Run(name, func(b *testing.B) {
+// BenchmarkWrite streams writes of 4 KiB, 32 KiB (bcopy fragments within
+// credit) and 1 MiB (rendezvous) to a reader with a 32 KiB buffer (io.Copy's
+// size: rendezvous data goes through the receive queue), and 1 MiB writes to
+// a reader with a 1 MiB buffer (pulls land straight in it).
+func BenchmarkWrite(b *testing.B) {
+	cases := []struct {
+		name      string
+		size, buf int
+	}{
+		{"4KiB", 4 << 10, 32 << 10},
+		{"32KiB", 32 << 10, 32 << 10},
+		{"1MiB", 1 << 20, 32 << 10},
+		{"1MiB-read1MiB", 1 << 20, 1 << 20},
+	}
+	for _, tc := range cases {
+		b.Run(tc.name, func(b *testing.B) {
 			benchPairs(b, func(b *testing.B, c1, c2 net.Conn) float64 {
 				done := make(chan struct{})
 				go func() {
 					defer close(done)
-					buf := make([]byte, rd)
+					buf := make([]byte, tc.buf)
 					for {
 						if _, err := c2.Read(buf); err != nil {
 							return
 						}
 					}
 				}()
-				p := make([]byte, 1<<20)
+				p := make([]byte, tc.size)
 				b.SetBytes(int64(len(p)))
 				b.ReportAllocs()
 				b.ResetTimer()

@@ -365,10 +365,16 @@ func testCloseWrite(t *testing.T, tl string) {
 
 // TestCloseWithDataInFlight closes right after writing: the peer must still
 // read every byte, then io.EOF, whichever of FIN and the notice it sees first.
-func TestCloseWithDataInFlight(t *testing.T) { forEachTL(t, testCloseWithDataInFlight) }
+func TestCloseWithDataInFlight(t *testing.T) {
+	forEachTL(t, func(t *testing.T, tl string) { testCloseWithDataInFlight(t, tl, false) })
+	t.Run("tcp-ctl", func(t *testing.T) { testCloseWithDataInFlight(t, "self", true) })
+}
 
-func testCloseWithDataInFlight(t *testing.T, tl string) {
+func testCloseWithDataInFlight(t *testing.T, tl string, tcpCtl bool) {
 	e := newEnv(t, tl, nil)
+	if tcpCtl {
+		e.tcpCtl = t
+	}
 	for i := 0; i < 8; i++ {
 		p := e.pair(t)
 		want := make([]byte, 1<<20+i*1001)
@@ -447,10 +453,16 @@ func testCloseUnblocks(t *testing.T, tl string) {
 
 // TestPeerDeath kills the liveness channel without notice: blocked calls
 // on the survivor fail within a second with a reset.
-func TestPeerDeath(t *testing.T) { forEachTL(t, testPeerDeath) }
+func TestPeerDeath(t *testing.T) {
+	forEachTL(t, func(t *testing.T, tl string) { testPeerDeath(t, tl, false) })
+	t.Run("tcp-ctl", func(t *testing.T) { testPeerDeath(t, "self", true) })
+}
 
-func testPeerDeath(t *testing.T, tl string) {
+func testPeerDeath(t *testing.T, tl string, tcpCtl bool) {
 	e := newEnv(t, tl, nil)
+	if tcpCtl {
+		e.tcpCtl = t
+	}
 	p := e.pair(t)
 	defer p.close()
 	rerr := make(chan error, 1)

@@ -71,8 +71,9 @@ func (s *side) close() {
 
 // env is two sides of one transport, as two processes would have them.
 type env struct {
-	tl   string
-	a, b *side
+	tl     string
+	a, b   *side
+	tcpCtl testing.TB // non-nil: liveness channels are TCP loopback sockets, not net.Pipe
 }
 
 func newEnv(t testing.TB, tl string, cfg *uct.Config) *env {
@@ -193,6 +194,9 @@ func (e *env) newPair() (*pair, error) {
 		return nil, err
 	}
 	x, y := net.Pipe()
+	if e.tcpCtl != nil {
+		x, y = tcpPair(e.tcpCtl)
+	}
 	addrSeq.Lock()
 	addrSeq.n++
 	n := addrSeq.n
