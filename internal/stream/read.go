@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 
 	"github.com/gouct/gouct/uct"
 )
@@ -278,6 +279,8 @@ func (c *Conn) get(raddr uint64, rkey []byte) error {
 			}
 			if c.addPending(&c.rdPend, &c.rdPendQ) {
 				c.wait(c.rdWake, nil, c.done)
+			} else {
+				runtime.Gosched() // resources are free again (ErrBusy): retry
 			}
 		default:
 			return fmt.Errorf("rendezvous get: %w", err)

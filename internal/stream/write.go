@@ -4,6 +4,7 @@ import (
 	"errors"
 	"net"
 	"os"
+	"runtime"
 
 	"github.com/gouct/gouct/uct"
 )
@@ -113,6 +114,8 @@ func (c *Conn) sendFailed(err error, dl <-chan struct{}) error {
 	if errors.Is(err, uct.ErrNoResource) {
 		if c.addPending(&c.wrPend, &c.wrPendQ) {
 			c.wait(c.wrWake, dl, c.done)
+		} else {
+			runtime.Gosched() // resources are free again (ErrBusy): retry
 		}
 		return nil
 	}
