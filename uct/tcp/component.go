@@ -33,9 +33,9 @@
 // handed between goroutines on the data path, so a spinning worker sees
 // data as soon as the kernel has it (a goroutine parked in the Go
 // netpoller is only scheduled when a processor goes idle). When the worker
-// parks, one waiter goroutine per iface parks in the netpoller on the epoll
-// fd and wakes it. Accepting and the magic handshake run on their own
-// goroutines.
+// parks, one waiter goroutine per iface blocks in epoll_wait and wakes it
+// (see poller for why not in the netpoller). Accepting and the magic
+// handshake run on their own goroutines.
 //
 // Linux only (epoll); elsewhere the component reports itself unavailable.
 package tcp

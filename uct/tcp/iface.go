@@ -428,8 +428,9 @@ func (i *iface) Close() error {
 		}
 		i.mu.Unlock()
 		close(i.armed)
-		i.poll.close() // ends a waiter parked in block
+		i.poll.wake() // ends a waiter blocked in epoll_wait
 		<-i.waiterEnd
+		i.poll.close()
 	})
 	return nil
 }

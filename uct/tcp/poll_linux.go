@@ -1,9 +1,9 @@
 package tcp
 
 import (
+	"errors"
 	"fmt"
-	"os"
-	"syscall"
+	"sync/atomic"
 
 	"golang.org/x/sys/unix"
 )
@@ -21,14 +21,22 @@ type pollEvent = unix.EpollEvent
 func pollSupported() error { return nil }
 
 // poller is an iface's epoll set (UCX tcp's async epoll): Progress asks it,
-// without blocking, which sockets are ready; a parked worker is woken
-// through the epoll fd itself, which sits in the Go netpoller (nested epoll),
-// so no OS thread blocks. Level-triggered: a socket stays ready until drained.
+// without blocking, which sockets are ready (level-triggered: a socket stays
+// ready until drained).
+//
+// A parked worker is woken by a waiter goroutine blocked in epoll_wait
+// itself, not in the Go netpoller: the runtime polls the network only when a
+// processor runs out of goroutines (or from sysmon every 10 ms), so while
+// any goroutine spins with runtime.Gosched (a worker of another iface, a
+// Read polling) a goroutine parked in the netpoller waits up to 10 ms. The
+// cost is one OS thread per parked iface, blocked while the iface is idle.
+// An eventfd in the set ends the wait on Close.
 type poller struct {
-	fd  int
-	f   *os.File
-	raw syscall.RawConn
-	one [1]unix.EpollEvent
+	fd     int
+	evfd   int // written once by wake: ends a block
+	closed atomic.Bool
+	one    [1]unix.EpollEvent // Arm's check (worker)
+	wone   [1]unix.EpollEvent // block (waiter)
 }
 
 func newPoller() (*poller, error) {
@@ -36,17 +44,18 @@ func newPoller() (*poller, error) {
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
 	}
-	if err := unix.SetNonblock(fd, true); err != nil {
-		unix.Close(fd)
-		return nil, fmt.Errorf("epoll nonblock: %w", err)
-	}
-	f := os.NewFile(uintptr(fd), "tcp-epoll")
-	raw, err := f.SyscallConn()
+	evfd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 	if err != nil {
-		f.Close()
-		return nil, fmt.Errorf("epoll raw conn: %w", err)
+		unix.Close(fd)
+		return nil, fmt.Errorf("eventfd: %w", err)
 	}
-	return &poller{fd: fd, f: f, raw: raw}, nil
+	p := &poller{fd: fd, evfd: evfd}
+	if err := p.add(evfd, unix.EPOLLIN); err != nil {
+		unix.Close(evfd)
+		unix.Close(fd)
+		return nil, fmt.Errorf("epoll add eventfd: %w", err)
+	}
+	return p, nil
 }
 
 func (p *poller) add(fd int, events uint32) error {
@@ -60,7 +69,7 @@ func (p *poller) mod(fd int, events uint32) error {
 func (p *poller) del(fd int) { unix.EpollCtl(p.fd, unix.EPOLL_CTL_DEL, fd, nil) }
 
 // wait returns the ready sockets without blocking (worker only, while the
-// iface is attached: the fd stays open until then).
+// iface is attached).
 func (p *poller) wait(evs []pollEvent) int {
 	n, err := unix.EpollWait(p.fd, evs, 0)
 	if err != nil {
@@ -69,18 +78,48 @@ func (p *poller) wait(evs []pollEvent) int {
 	return n
 }
 
+// ready reports whether a socket is ready, without blocking (worker only).
 func (p *poller) ready() bool {
 	n, err := unix.EpollWait(p.fd, p.one[:], 0)
 	return err == nil && n > 0
 }
 
-// block parks the calling goroutine in the netpoller until a socket is
-// ready or the poller is closed (then it returns an error).
+// block waits until a socket is ready; after wake it returns an error
+// (waiter only).
 func (p *poller) block() error {
-	return p.raw.Read(func(uintptr) bool { return p.ready() })
+	for {
+		if p.closed.Load() {
+			return errPollerClosed
+		}
+		_, err := unix.EpollWait(p.fd, p.wone[:], -1)
+		if err == unix.EINTR {
+			continue
+		}
+		if err != nil {
+			return fmt.Errorf("epoll_wait: %w", err)
+		}
+		if p.closed.Load() {
+			return errPollerClosed
+		}
+		return nil
+	}
 }
 
-func (p *poller) close() error { return p.f.Close() }
+// wake ends a block in progress and every later one.
+func (p *poller) wake() {
+	p.closed.Store(true)
+	var one [8]byte
+	one[0] = 1
+	unix.Write(p.evfd, one[:])
+}
+
+// close releases the fds; call it after the waiter returned.
+func (p *poller) close() error {
+	unix.Close(p.evfd)
+	return unix.Close(p.fd)
+}
+
+var errPollerClosed = errors.New("tcp: poller closed")
 
 func eventFd(ev *pollEvent) int { return int(ev.Fd) }
 

@@ -34,6 +34,7 @@ func (p *poller) del(fd int)                      {}
 func (p *poller) wait(evs []pollEvent) int        { return 0 }
 func (p *poller) ready() bool                     { return false }
 func (p *poller) block() error                    { return pollSupported() }
+func (p *poller) wake()                           {}
 func (p *poller) close() error                    { return nil }
 func eventFd(ev *pollEvent) int                   { return int(ev.Fd) }
 func eventFlags(ev *pollEvent) uint32             { return ev.Events }

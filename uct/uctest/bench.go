@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -17,7 +18,8 @@ import (
 // workers of transport tl (AMShort up to MaxShort, else AMBcopy, else
 // AMZcopy); the peer replies from its handler. It reports, measured in the
 // same run, a Go TCP loopback ping-pong of the same size as tcp-ns/op and
-// x-tcp = our ns/op ÷ TCP's (below 1: faster than TCP).
+// x-tcp = our ns/op ÷ TCP's (below 1: faster than TCP); p50-ns, p99-ns and
+// tcp-p99-ns are round-trip percentiles.
 func BenchPingPong(b *testing.B, tl string, size int) {
 	BenchPingPongOptions(b, Options{TL: tl}, size)
 }
@@ -71,23 +73,38 @@ func BenchPingPongOptions(b *testing.B, o Options, size int) {
 		}
 		wait(i)
 	}
+	lat := make([]time.Duration, b.N)
 	b.ResetTimer()
 	start := time.Now()
 	base := got.Load()
 	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
 		if err := retry(send); err != nil {
 			b.Fatal(err)
 		}
 		wait(base + int64(i) + 1)
+		lat[i] = time.Since(t0)
 	}
 	ours := float64(time.Since(start).Nanoseconds()) / float64(b.N)
 	b.StopTimer()
-	tcp, err := tcpPingPong(max(size, 1), min(max(b.N, 200), 10000))
+	tcp, tcpLat, err := tcpPingPong(max(size, 1), min(max(b.N, 200), 10000))
 	if err != nil {
 		b.Fatalf("tcp baseline: %v", err)
 	}
 	b.ReportMetric(tcp, "tcp-ns/op")
 	b.ReportMetric(ours/tcp, "x-tcp")
+	b.ReportMetric(float64(percentile(lat, 50)), "p50-ns")
+	b.ReportMetric(float64(percentile(lat, 99)), "p99-ns")
+	b.ReportMetric(float64(percentile(tcpLat, 99)), "tcp-p99-ns")
+}
+
+// percentile sorts d and returns its p-th percentile.
+func percentile(d []time.Duration, p int) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return d[min(len(d)*p/100, len(d)-1)]
 }
 
 // sender returns a function that sends one AM of size bytes on s.ep with
@@ -199,11 +216,12 @@ func loopback() (client, server net.Conn, err error) {
 	return client, server, nil
 }
 
-// tcpPingPong is the baseline: ns per round trip of size bytes over Go TCP loopback.
-func tcpPingPong(size, n int) (float64, error) {
+// tcpPingPong is the baseline: ns per round trip of size bytes over Go TCP
+// loopback, and each round trip's time.
+func tcpPingPong(size, n int) (float64, []time.Duration, error) {
 	c, s, err := loopback()
 	if err != nil {
-		return 0, err
+		return 0, nil, err
 	}
 	defer c.Close()
 	defer s.Close()
@@ -228,16 +246,19 @@ func tcpPingPong(size, n int) (float64, error) {
 	}
 	for i := 0; i < 100; i++ {
 		if err := round(); err != nil {
-			return 0, err
+			return 0, nil, err
 		}
 	}
+	lat := make([]time.Duration, n)
 	start := time.Now()
 	for i := 0; i < n; i++ {
+		t0 := time.Now()
 		if err := round(); err != nil {
-			return 0, err
+			return 0, nil, err
 		}
+		lat[i] = time.Since(t0)
 	}
-	return float64(time.Since(start).Nanoseconds()) / float64(n), nil
+	return float64(time.Since(start).Nanoseconds()) / float64(n), lat, nil
 }
 
 // tcpStream is the baseline: MB/s streaming total bytes in writes of size over Go TCP loopback.
