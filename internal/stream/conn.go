@@ -196,6 +196,12 @@ func (c *Conn) Start(ep uct.EP, peerID uint32, ctl net.Conn, local, remote net.A
 	return nil
 }
 
+func (c *Conn) hasEP(ep uct.EP) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ep != nil && c.ep == ep
+}
+
 // Transport names the transport: the TL name for shm and self ("shm",
 // "self"), "tl/device" for network devices ("rc_verbs/rxe0:1").
 func (c *Conn) Transport() string { return c.mux.transport }

@@ -873,3 +873,27 @@ func TestRendezvousSplit(t *testing.T) {
 		t.Fatalf("stats %+v, want 10 rendezvous and bcopy for the tail", s)
 	}
 }
+
+// TestEndpointFailed: an asynchronous endpoint failure reported through
+// Mux.EndpointFailed fails blocked calls at once.
+func TestEndpointFailed(t *testing.T) {
+	e := newEnv(t, "self", nil)
+	p := e.pair(t)
+	defer p.close()
+	errc := make(chan error, 1)
+	go func() {
+		_, err := p.c1.Read(make([]byte, 10))
+		errc <- err
+	}()
+	time.Sleep(10 * time.Millisecond)
+	e.a.mux.EndpointFailed(p.c1.ep, uct.ErrEndpointReset)
+	e.a.mux.EndpointFailed(nil, uct.ErrEndpointReset) // unknown: ignored
+	select {
+	case err := <-errc:
+		if !errors.Is(err, ErrReset) || !errors.Is(err, uct.ErrEndpointReset) {
+			t.Fatalf("read: %v", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("blocked Read not failed")
+	}
+}

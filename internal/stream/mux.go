@@ -160,6 +160,29 @@ func (m *Mux) Close() error {
 	return nil
 }
 
+// EndpointFailed resets the conn whose endpoint is ep (blocked calls fail
+// with ErrReset wrapping err). Wire it to uct.IfaceParams.ErrHandler: an
+// endpoint that fails asynchronously (an RC QP in the error state) would
+// otherwise only be noticed by the next send. Safe from any goroutine,
+// the worker included; unknown endpoints are ignored.
+func (m *Mux) EndpointFailed(ep uct.EP, err error) {
+	m.mu.RLock()
+	var hit *Conn
+	for _, c := range m.conns {
+		if c.hasEP(ep) {
+			hit = c
+			break
+		}
+	}
+	m.mu.RUnlock()
+	if hit != nil {
+		hit.mu.Lock()
+		hit.resetLocked(resetBy(false, rstAbort, fmt.Errorf("endpoint failed: %w", err)), 0)
+		hit.mu.Unlock()
+		hit.wakeAll()
+	}
+}
+
 func (m *Mux) remove(c *Conn) {
 	m.mu.Lock()
 	if m.conns[c.id] == c {
