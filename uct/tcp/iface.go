@@ -287,6 +287,29 @@ func (i *iface) closeRx(rc *rxConn) {
 	rc.c.Close()
 }
 
+// nextFrame decodes the frame at the start of b (see the wire format in the
+// package doc). It returns the bytes the frame takes, 0 when b holds only
+// part of it, or an error for an id >= uct.MaxAMID or a length above
+// maxPayload. payload aliases b.
+func nextFrame(b []byte) (id uint8, payload []byte, n int, err error) {
+	if len(b) < frameHdr {
+		return 0, nil, 0, nil
+	}
+	id = b[0]
+	size := binary.LittleEndian.Uint32(b[1:])
+	if id >= uct.MaxAMID {
+		return 0, nil, 0, fmt.Errorf("am id %d: %w", id, uct.ErrInvalidParam)
+	}
+	if size > maxPayload {
+		return 0, nil, 0, fmt.Errorf("frame of %d bytes (max %d): %w", size, maxPayload, uct.ErrMessageSize)
+	}
+	end := frameHdr + int(size)
+	if end > len(b) {
+		return 0, nil, 0, nil
+	}
+	return id, b[frameHdr:end:end], end, nil
+}
+
 // receive reads what rc has and runs the handler of every whole frame
 // (worker only). It returns the number of messages handled.
 func (i *iface) receive(rc *rxConn) int {
@@ -296,27 +319,20 @@ func (i *iface) receive(rc *rxConn) int {
 	}
 	rc.w += rc.n
 	n := 0
-	for rc.w-rc.r >= frameHdr {
-		id := rc.buf[rc.r]
-		size := binary.LittleEndian.Uint32(rc.buf[rc.r+1:])
-		if id >= uct.MaxAMID {
-			i.badPeer(rc.c, fmt.Errorf("am id %d: %w", id, uct.ErrInvalidParam))
+	for {
+		id, payload, k, err := nextFrame(rc.buf[rc.r:rc.w])
+		if err != nil {
+			i.badPeer(rc.c, err)
 			i.closeRx(rc)
 			return n
 		}
-		if size > maxPayload {
-			i.badPeer(rc.c, fmt.Errorf("frame of %d bytes: %w", size, uct.ErrMessageSize))
-			i.closeRx(rc)
-			return n
-		}
-		end := rc.r + frameHdr + int(size)
-		if end > rc.w {
+		if k == 0 {
 			break
 		}
 		if h := i.handlers[id].Load(); h != nil {
-			(*h)(rc.buf[rc.r+frameHdr : end : end])
+			(*h)(payload)
 		}
-		rc.r = end
+		rc.r += k
 		n++
 	}
 	if rc.r == rc.w {
