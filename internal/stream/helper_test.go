@@ -4,10 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/gouct/gouct/uct"
+	_ "github.com/gouct/gouct/uct/ib"
 	_ "github.com/gouct/gouct/uct/self"
 	_ "github.com/gouct/gouct/uct/shm"
 )
@@ -20,46 +23,66 @@ type side struct {
 	mux *Mux
 }
 
-func openSide(tl string, cfg *uct.Config) (*side, error) {
-	comp, ok := uct.LookupComponent(tl)
+// componentOf maps a transport to its component.
+func componentOf(tl string) string {
+	if tl == "rc_verbs" {
+		return "ib"
+	}
+	return tl
+}
+
+// openSide opens transport tl, on device dev ("rxe0:1"; "" for the first),
+// with its own worker, and a Mux on it. Asynchronous endpoint failures are
+// wired to Mux.EndpointFailed.
+func openSide(tl, dev string, cfg *uct.Config) (*side, error) {
+	comp, ok := uct.LookupComponent(componentOf(tl))
 	if !ok {
-		return nil, fmt.Errorf("component %q not registered", tl)
+		return nil, fmt.Errorf("component %q not registered", componentOf(tl))
 	}
 	res, err := comp.MDResources()
 	if err != nil {
 		return nil, err
 	}
-	w := uct.NewWorker(cfg)
+	s := &side{w: uct.NewWorker(cfg)}
 	for _, r := range res {
+		if dev != "" && r.Name != strings.Split(dev, ":")[0] {
+			continue
+		}
 		md, err := comp.OpenMD(r.Name, cfg)
 		if err != nil {
 			continue
 		}
 		tls, _ := md.TLResources()
 		for _, tr := range tls {
-			if tr.TL != tl {
+			if tr.TL != tl || (dev != "" && tr.Device != dev && strings.Contains(dev, ":")) {
 				continue
 			}
-			ifc, err := md.OpenIface(w, tr, uct.IfaceParams{Config: cfg})
+			ifc, err := md.OpenIface(s.w, tr, uct.IfaceParams{Config: cfg, ErrHandler: func(ep uct.EP, err error) {
+				if s.mux != nil {
+					s.mux.EndpointFailed(ep, err)
+				}
+			}})
 			if err != nil {
 				md.Close()
-				w.Close()
+				s.w.Close()
 				return nil, fmt.Errorf("open iface %s: %w", tr.Name(), err)
 			}
-			ti := &uct.TLIface{Component: comp.Name(), MD: md, Resource: tr, Iface: ifc, Attr: ifc.Attr()}
-			mux, err := NewMux(w, ti, cfg)
+			s.md = md
+			s.ti = &uct.TLIface{Component: comp.Name(), MD: md, Resource: tr, Iface: ifc, Attr: ifc.Attr()}
+			mux, err := NewMux(s.w, s.ti, cfg)
 			if err != nil {
 				ifc.Close()
 				md.Close()
-				w.Close()
+				s.w.Close()
 				return nil, err
 			}
-			return &side{w: w, md: md, ti: ti, mux: mux}, nil
+			s.mux = mux
+			return s, nil
 		}
 		md.Close()
 	}
-	w.Close()
-	return nil, fmt.Errorf("no %s resource", tl)
+	s.w.Close()
+	return nil, fmt.Errorf("no %s resource (device %q)", tl, dev)
 }
 
 func (s *side) close() {
@@ -81,11 +104,11 @@ func newEnv(t testing.TB, tl string, cfg *uct.Config) *env {
 	if cfg == nil {
 		cfg = uct.DefaultConfig()
 	}
-	a, err := openSide(tl, cfg)
+	a, err := openSide(tl, devFor(tl, "A"), cfg)
 	if err != nil {
 		t.Fatalf("open %s: %v", tl, err)
 	}
-	b, err := openSide(tl, cfg)
+	b, err := openSide(tl, devFor(tl, "B"), cfg)
 	if err != nil {
 		a.close()
 		t.Fatalf("open %s: %v", tl, err)
@@ -102,7 +125,7 @@ func newSharedEnv(t testing.TB, tl string, cfg *uct.Config) *env {
 	if cfg == nil {
 		cfg = uct.DefaultConfig()
 	}
-	a, err := openSide(tl, cfg)
+	a, err := openSide(tl, devFor(tl, "A"), cfg)
 	if err != nil {
 		t.Fatalf("open %s: %v", tl, err)
 	}
@@ -217,12 +240,34 @@ func (p *pair) close() {
 	p.c2.Close()
 }
 
-// transports lists the transports the suites run over: self always, plus
-// every other in-process-capable transport that is registered.
+// transports lists the transports the suites run over: self always, shm
+// where available, and rc_verbs where an RDMA device is (required under
+// RXEVM=1, the Soft-RoCE VM suite; IBTEST_DEV_A/B pick the devices).
 func transports() []string {
 	out := []string{"self"}
-	if _, ok := uct.LookupComponent("shm"); ok {
-		out = append(out, "shm")
+	if c, ok := uct.LookupComponent("shm"); ok {
+		if _, err := c.MDResources(); err == nil {
+			out = append(out, "shm")
+		}
+	}
+	if c, ok := uct.LookupComponent("ib"); ok {
+		_, err := c.MDResources()
+		if err == nil {
+			out = append(out, "rc_verbs")
+		} else if os.Getenv("RXEVM") == "1" {
+			panic(fmt.Sprintf("RXEVM=1 but rc_verbs is unavailable: %v", err))
+		}
 	}
 	return out
+}
+
+// devFor is the device of side "A" or "B" for tl ("" for any).
+func devFor(tl, which string) string {
+	if tl != "rc_verbs" {
+		return ""
+	}
+	if d := os.Getenv("IBTEST_DEV_" + which); d != "" {
+		return d
+	}
+	return os.Getenv("RXE_DEV")
 }
