@@ -28,7 +28,7 @@
 //   - AMShort at 0, 1 and MaxShort bytes; MaxShort+1 is an error.
 //   - AMBcopy at 0, 1, MaxShort+1 and MaxBcopy bytes; a pack function that
 //     returns more than MaxBcopy (or less than 0) is an error.
-//   - AMZcopy at size boundaries up to MaxZcopy, with a header and several
+//   - AMZcopy at size boundaries up to MaxZcopy (4 MiB at most), with a header and several
 //     IOVs, waiting on the Completion when it returns ErrInProgress.
 //   - Integrity: random payloads of random sizes over every AM kind, each
 //     carrying its CRC-32, arrive intact and in order.
