@@ -25,8 +25,9 @@ const (
 	maxIOV     = 16
 	maxPayload = maxHeader + maxZcopy // largest frame payload accepted
 
-	rxBufSize = 128 << 10 // a connection's receive buffer: holds any whole frame
-	maxEvents = 64        // sockets handled per Progress
+	rxBufStart = 16 << 10  // a connection's receive buffer at first,
+	rxBufSize  = 128 << 10 // and once it carried a large frame or a stream: holds any whole frame
+	maxEvents  = 64        // sockets handled per Progress
 
 	handshakeTimeout = 10 * time.Second
 )
@@ -266,7 +267,7 @@ func (i *iface) accept(c *net.TCPConn) {
 		c.Close()
 		return
 	}
-	rc := &rxConn{c: c, raw: raw, buf: make([]byte, rxBufSize)}
+	rc := &rxConn{c: c, raw: raw, buf: make([]byte, rxBufStart)}
 	rc.readFn = rc.read
 	raw.Control(func(fd uintptr) { rc.fd = int(fd) })
 	if err := i.attach(rc.fd, rc, evIn); err != nil {
@@ -335,11 +336,20 @@ func (i *iface) receive(rc *rxConn) int {
 		rc.r += k
 		n++
 	}
+	full := rc.w == len(rc.buf)
 	if rc.r == rc.w {
 		rc.r, rc.w = 0, 0
 	} else if len(rc.buf)-rc.r < frameHdr+maxPayload {
 		rc.w = copy(rc.buf, rc.buf[rc.r:rc.w])
 		rc.r = 0
+	}
+	// Grow a small buffer to rxBufSize for a frame that does not fit, or
+	// when the peer streams (the read filled it).
+	if len(rc.buf) < rxBufSize && (full || rc.w-rc.r >= frameHdr &&
+		frameHdr+int(binary.LittleEndian.Uint32(rc.buf[rc.r+1:])) > len(rc.buf)-rc.r) {
+		b := make([]byte, rxBufSize)
+		rc.w = copy(b, rc.buf[rc.r:rc.w])
+		rc.r, rc.buf = 0, b
 	}
 	if rc.err != nil {
 		i.closeRx(rc) // EOF or reset: the peer's EP is gone
