@@ -249,7 +249,7 @@ func (e *ep) dial(ctx context.Context) {
 func (e *ep) fail(err error) {
 	e.mu.Lock()
 	if e.err == nil {
-		e.err = fmt.Errorf("%w", err)
+		e.err = err
 	}
 	e.mu.Unlock()
 	e.iface.w.Post(func() { e.progress(0) })
