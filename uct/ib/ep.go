@@ -36,6 +36,7 @@ const (
 type txOp struct {
 	comp   *uct.Completion
 	bounce *seg
+	rma    int // RDMA bytes, counted in ep.rmaBytes until completion
 }
 
 // flushReq fires comp when the send with sequence number seq completed.
@@ -63,6 +64,7 @@ type ep struct {
 	sges       [maxIOVLimit + 1]ibv.SGE
 	flushes    []flushReq
 	destroyed  bool
+	rmaBytes   int // RDMA READ/WRITE bytes in flight
 
 	pending uct.PendingQueue
 	inPend  bool // in iface.pendEPs (guarded by iface.pendMu)
@@ -329,6 +331,10 @@ func (e *ep) rma(op uint32, iov []uct.IOV, raddr uint64, rkey []byte, comp *uct.
 		i.txCredits.Add(1)
 		return nil
 	}
+	if e.rmaBytes > 0 && e.rmaBytes+total > maxRMAInflight {
+		i.txCredits.Add(1)
+		return uct.ErrNoResource
+	}
 	k, _, err := e.fillIOV(0, iov, op == ibv.OpRDMARead)
 	if err != nil {
 		i.txCredits.Add(1)
@@ -339,6 +345,8 @@ func (e *ep) rma(op uint32, iov []uct.IOV, raddr uint64, rkey []byte, comp *uct.
 	if err := e.posted(e.qp.PostSend(&e.wr, &e.sges[0]), comp, nil); err != nil {
 		return err
 	}
+	e.ops[(e.tail-1)%uint64(len(e.ops))].rma = total
+	e.rmaBytes += total
 	return uct.ErrInProgress
 }
 
@@ -430,6 +438,7 @@ func (e *ep) complete(wc *ibv.WC) {
 	}
 	op := &e.ops[e.head%uint64(len(e.ops))]
 	comp, b := op.comp, op.bounce
+	e.rmaBytes -= op.rma
 	*op = txOp{}
 	seq := e.head
 	e.head++

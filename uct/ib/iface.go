@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"os"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -23,14 +24,13 @@ const (
 	maxHeader   = 128
 	maxIOVLimit = 8
 	pollBatch   = 32
-	// softArmDelay: on a software device (rxe, siw) a completion event
-	// wakes a sleeper in ~0.15–0.4 ms one way (perftest ib_send_lat -e in
-	// the Soft-RoCE VM: 148 µs typical, 408 µs mean, against 23/33 µs
-	// polling), so the iface refuses to arm for this long after its last
-	// completion and the worker keeps polling through a ping-pong's gaps.
-	softArmDelay = time.Millisecond
-	bounceSlab   = 64
-	rxSlab       = 256
+	// maxRMAInflight bounds the RDMA READ/WRITE bytes one endpoint has in
+	// flight: rxe over a real netdev drops and retransmits when hundreds of
+	// 64 KiB writes queue at once (and was seen to fail a QP with "remote
+	// invalid request" then); a few MiB keep the link busy.
+	maxRMAInflight = 4 << 20
+	bounceSlab     = 64
+	rxSlab         = 256
 	// qpTimeout is the local ACK timeout exponent: 4.096 µs × 2^14 ≈ 67 ms
 	// per try, 7 tries before a dead peer fails the endpoint.
 	qpTimeout   = 14
@@ -66,7 +66,7 @@ type iface struct {
 	handlers [uct.MaxAMID]atomic.Pointer[uct.AMHandler]
 
 	ch     *ibv.CompChannel
-	stopFD int // eventfd that ends the events goroutine
+	chFile *os.File // dup of the channel's fd, parked in the netpoller
 	evDone chan struct{}
 	scq    *ibv.CQ
 	rcq    *ibv.CQ
@@ -97,11 +97,6 @@ type iface struct {
 	pendRun []*ep
 
 	evStarted bool
-	// lastEvent is when Progress last handled a completion (ns since
-	// monoStart); Arm keeps the worker polling for armDelay after it.
-	lastEvent atomic.Int64
-	armDelay  int64
-
 	closing   atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
@@ -126,7 +121,7 @@ func (d *doneEvent) run(h func(uct.EP, error)) {
 }
 
 func newIface(m *md, w *uct.Worker, port *portInfo, tl uct.TLResource, p uct.IfaceParams, cfg *uct.Config) (_ *iface, err error) {
-	i := &iface{md: m, w: w, port: port, tl: tl, params: p, cfg: cfg, evDone: make(chan struct{}), stopFD: -1}
+	i := &iface{md: m, w: w, port: port, tl: tl, params: p, cfg: cfg, evDone: make(chan struct{})}
 	i.segSize = max(cfg.IBSegSize, 64)
 	i.txq = max(min(cfg.IBTxQueueLen, m.dattr.MaxQPWR), 16)
 	i.maxIOV = max(min(m.dattr.MaxSGE-1, maxIOVLimit), 1)
@@ -180,14 +175,20 @@ func newIface(m *md, w *uct.Worker, port *portInfo, tl uct.TLResource, p uct.Ifa
 		return nil, err
 	}
 	i.repost = make([]ibv.RecvBuf, 0, 2*pollBatch)
-	// The completion channel is read by a goroutine blocked in poll(2) on
-	// its fd and a stop eventfd (see events for why not the netpoller).
+	// The completion channel's fd sleeps in the Go netpoller, through a dup
+	// so that the os.File and libibverbs each close their own descriptor
+	// (O_NONBLOCK is shared by both).
 	if err = unix.SetNonblock(i.ch.FD(), true); err != nil {
 		return nil, fmt.Errorf("completion channel: %w", err)
 	}
-	if i.stopFD, err = unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK); err != nil {
-		i.stopFD = -1
-		return nil, fmt.Errorf("eventfd: %w", err)
+	dfd, err := unix.FcntlInt(uintptr(i.ch.FD()), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return nil, fmt.Errorf("completion channel: %w", err)
+	}
+	i.chFile = os.NewFile(uintptr(dfd), "ibv-comp-channel")
+	rc, err := i.chFile.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("completion channel: %w", err)
 	}
 	empty := []*ep{}
 	i.eps.Store(&empty)
@@ -196,11 +197,8 @@ func newIface(m *md, w *uct.Worker, port *portInfo, tl uct.TLResource, p uct.Ifa
 	binary.LittleEndian.PutUint16(i.devAddr[1:], port.attr.LID)
 	copy(i.devAddr[3:], port.gid.GID[:])
 	i.attr = i.makeAttr()
-	if port.rxeSW {
-		i.armDelay = int64(softArmDelay)
-	}
 	i.evStarted = true
-	go i.events()
+	go i.events(rc)
 	w.Add(i)
 	return i, nil
 }
@@ -363,45 +361,39 @@ func (i *iface) dispatchPending() {
 	i.pendRun = run[:0]
 }
 
-// events waits for completion events and wakes the worker, until Close.
-//
-// It blocks in poll(2) (one OS thread per iface while the worker sleeps)
-// rather than parking the fd in the Go netpoller: the netpoller is only
-// consulted when a P has nothing else to run (or by sysmon every 10 ms), and
-// a peer's spinning goroutines keep both Ps busy, which measured as 5.6 ms
-// round trips instead of tens of µs in the Soft-RoCE VM. A thread returning
-// from a syscall is scheduled at the next Gosched of any spinner.
-func (i *iface) events() {
+// events parks the completion channel's fd in the Go netpoller; on each
+// readiness it reads and acknowledges the events and wakes the worker, until
+// Close closes the file.
+func (i *iface) events(rc syscall.RawConn) {
 	defer close(i.evDone)
 	sh, rh := i.scq.Handle(), i.rcq.Handle()
-	fds := []unix.PollFd{{Fd: int32(i.ch.FD()), Events: unix.POLLIN}, {Fd: int32(i.stopFD), Events: unix.POLLIN}}
 	for {
-		fds[0].Revents, fds[1].Revents = 0, 0
-		if _, err := unix.Poll(fds, -1); err != nil {
-			if errors.Is(err, syscall.EINTR) {
-				continue
+		var gerr error
+		err := rc.Read(func(uintptr) bool {
+			got := false
+			for {
+				h, err := i.ch.GetEvent()
+				if errors.Is(err, syscall.EAGAIN) {
+					return got
+				}
+				if err != nil {
+					gerr = err
+					return true
+				}
+				got = true
+				switch h {
+				case sh:
+					i.scq.AckEvents(1)
+				case rh:
+					i.rcq.AckEvents(1)
+				}
 			}
+		})
+		if err != nil || gerr != nil {
 			return
-		}
-		if fds[1].Revents != 0 {
-			return
-		}
-		for {
-			h, err := i.ch.GetEvent()
-			if err != nil {
-				break // EAGAIN: all read
-			}
-			switch h {
-			case sh:
-				i.scq.AckEvents(1)
-			case rh:
-				i.rcq.AckEvents(1)
-			}
 		}
 		i.w.Wake()
-		// Let the woken worker run on this P before blocking in poll
-		// again: a P stuck in a syscall is only handed off by sysmon,
-		// which can take up to 10 ms.
+		// Let the woken worker run now, on this P (it sits in runnext).
 		runtime.Gosched()
 	}
 }
@@ -441,9 +433,6 @@ func (i *iface) Progress() int {
 	i.pollMu.Unlock()
 	if ns > 0 {
 		i.dispatchPending()
-	}
-	if i.armDelay > 0 && nr+ns > 0 {
-		i.lastEvent.Store(nanotime())
 	}
 	return nr + ns
 }
@@ -485,9 +474,7 @@ func (i *iface) handleSend(wcs []ibv.WC) int {
 
 // Arm requests a completion event on both CQs, then polls once more: a
 // completion that arrived before arming raises no event, so Arm keeps it for
-// the next Progress and returns false. On a software device Arm also
-// returns false within softArmDelay of the last completion. Called by the
-// worker.
+// the next Progress and returns false. Called by the worker.
 func (i *iface) Arm() bool {
 	i.pollMu.Lock()
 	defer i.pollMu.Unlock()
@@ -496,9 +483,6 @@ func (i *iface) Arm() bool {
 	}
 	if i.nStashR > 0 || i.nStashS > 0 {
 		return false
-	}
-	if i.armDelay > 0 && nanotime()-i.lastEvent.Load() < i.armDelay {
-		return false // software device: keep polling a while (see softArmDelay)
 	}
 	if i.scq.ReqNotify() != nil || i.rcq.ReqNotify() != nil {
 		return false
@@ -548,13 +532,12 @@ func (i *iface) Close() error {
 // release frees every verbs resource (called once, without endpoints).
 func (i *iface) release() error {
 	var errs []error
-	if i.stopFD >= 0 {
+	if i.chFile != nil {
+		i.chFile.Close() // ends the events goroutine's Read
 		if i.evStarted {
-			unix.Write(i.stopFD, []byte{1, 0, 0, 0, 0, 0, 0, 0})
 			<-i.evDone
 		}
-		unix.Close(i.stopFD)
-		i.stopFD = -1
+		i.chFile = nil
 	}
 	errs = append(errs, i.srq.Close(), i.scq.Close(), i.rcq.Close(), i.ch.Close())
 	i.srq, i.scq, i.rcq, i.ch = nil, nil, nil, nil
@@ -566,7 +549,3 @@ func (i *iface) release() error {
 	}
 	return errors.Join(errs...)
 }
-
-var monoStart = time.Now()
-
-func nanotime() int64 { return int64(time.Since(monoStart)) }
