@@ -101,7 +101,7 @@ type Conn struct {
 	packHdr  uint64
 	packBody []byte
 	packFn   func([]byte) int
-	ctlBody  [4]byte
+	ctlBody  *[4]byte // its own pointer-free allocation: transports may hand it to C (cgo pointer rules)
 
 	// Writer-owned (wrMu).
 	rtsBuf    []byte
@@ -142,6 +142,7 @@ func newConn(m *Mux, id uint32) *Conn {
 		done: make(chan struct{}), rdWake: make(chan struct{}, 1), wrWake: make(chan struct{}, 1),
 		rdDL: newDeadline(), wrDL: newDeadline(),
 	}
+	c.ctlBody = new([4]byte)
 	c.packFn = c.pack
 	c.kickFn = c.kickCtl
 	c.wrPend.Func = func() error { c.wrPendQ.Store(false); signal(c.wrWake); return nil }
