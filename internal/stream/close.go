@@ -117,37 +117,49 @@ func (c *Conn) Close() error {
 	}
 	c.wrMu.Lock() // a Write in progress fails promptly; FIN goes after its data
 	c.mu.Lock()
-	if c.err == nil && !c.finSent {
+	// A peer that sent its closing notice released its endpoint: FIN and
+	// the flush would only wait for a receiver that is gone.
+	peerGone := c.peerClosed
+	if c.err == nil && !c.finSent && !peerGone {
 		c.finOwed = true
 	}
 	c.mu.Unlock()
 	c.wrMu.Unlock()
-	c.kickCtl()
-	end := time.Now().Add(closeTimeout)
-	for {
-		c.mu.Lock()
-		sent, bad := c.finSent, c.err != nil || c.sendBroken
-		c.mu.Unlock()
-		if sent || bad || time.Now().After(end) {
-			break
-		}
-		c.mux.w.TryProgress()
-		time.Sleep(20 * time.Microsecond)
-	}
 	notice := noticeReset
-	c.mu.Lock()
-	if c.err == nil && c.finSent {
-		notice = noticeClose
-	}
-	c.mu.Unlock()
-	if notice == noticeClose {
-		c.flushEP(time.Until(end))
+	if !peerGone {
+		c.kickCtl()
+		end := time.Now().Add(closeTimeout)
+		for {
+			c.mu.Lock()
+			sent, stop := c.finSent, c.err != nil || c.sendBroken || c.peerClosed
+			c.mu.Unlock()
+			if sent || stop || time.Now().After(end) {
+				break
+			}
+			c.mux.w.TryProgress()
+			time.Sleep(20 * time.Microsecond)
+		}
+		c.mu.Lock()
+		if c.err == nil && c.finSent {
+			notice = noticeClose
+		}
+		c.mu.Unlock()
+		if notice == noticeClose {
+			c.flushEP(time.Until(end))
+		}
+	} else {
+		c.mu.Lock()
+		if c.err == nil {
+			notice = noticeClose
+		}
+		c.mu.Unlock()
 	}
 	c.release(notice)
 	return nil
 }
 
-// flushEP waits (bounded) until every operation posted on the endpoint completed.
+// flushEP waits (bounded) until every operation posted on the endpoint
+// completed, or the peer is known to be gone (its notice, a reset).
 func (c *Conn) flushEP(d time.Duration) {
 	done := make(chan struct{})
 	comp := uct.NewCompletion(1, func(error) { close(done) })
@@ -158,12 +170,21 @@ func (c *Conn) flushEP(d time.Duration) {
 		case err == nil:
 			return
 		case errors.Is(err, uct.ErrInProgress):
-			t := time.NewTimer(max(time.Until(end), 0))
-			select {
-			case <-done:
-			case <-t.C:
+			t := time.NewTicker(time.Millisecond)
+			defer t.Stop()
+			for time.Now().Before(end) {
+				select {
+				case <-done:
+					return
+				case <-t.C:
+				}
+				c.mu.Lock()
+				gone := c.peerClosed || c.err != nil
+				c.mu.Unlock()
+				if gone {
+					return
+				}
 			}
-			t.Stop()
 			return
 		case errors.Is(err, uct.ErrNoResource) && time.Now().Before(end):
 			c.mux.w.TryProgress()

@@ -420,7 +420,11 @@ func testCloseWithDataInFlight(t *testing.T, tl string, tcpCtl bool) {
 		if !errors.Is(werr, ErrPeerClosed) || !errors.Is(werr, syscall.EPIPE) {
 			t.Fatalf("write to closed peer: %v", werr)
 		}
+		t0 := time.Now()
 		p.c2.Close()
+		if d := time.Since(t0); d > closeTimeout/4 {
+			t.Fatalf("closing after the peer closed took %v", d)
+		}
 	}
 }
 

@@ -99,10 +99,20 @@ type env struct {
 	tcpCtl testing.TB // non-nil: liveness channels are TCP loopback sockets, not net.Pipe
 }
 
+// envConfig is the configuration of the suites: RDMANET_* from the
+// environment (to tune benchmarks, e.g. RDMANET_READ_SPIN), else defaults.
+func envConfig(t testing.TB) *uct.Config {
+	cfg, err := uct.ConfigFromEnv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
+}
+
 func newEnv(t testing.TB, tl string, cfg *uct.Config) *env {
 	t.Helper()
 	if cfg == nil {
-		cfg = uct.DefaultConfig()
+		cfg = envConfig(t)
 	}
 	a, err := openSide(tl, devFor(tl, "A"), cfg)
 	if err != nil {
@@ -123,7 +133,7 @@ func newEnv(t testing.TB, tl string, cfg *uct.Config) *env {
 func newSharedEnv(t testing.TB, tl string, cfg *uct.Config) *env {
 	t.Helper()
 	if cfg == nil {
-		cfg = uct.DefaultConfig()
+		cfg = envConfig(t)
 	}
 	a, err := openSide(tl, devFor(tl, "A"), cfg)
 	if err != nil {
