@@ -7,6 +7,7 @@
 #
 #   scripts/vm-test.sh            everything (~5 min under TCG)
 #   VMTEST_BENCH=0 ...            skip the benchmarks
+#   VMTEST_ROUNDS=N ...           benchmark rounds (default 3; the best of each is compared)
 #   VMTEST_STRICT_PERF=1 ...      fail when a benchmark misses its target
 #                                 (RTT <= 2x ib_send_lat's, bandwidth >= 0.6x ib_write_bw's)
 set -euo pipefail
@@ -35,6 +36,7 @@ cat > "$OUT/guest.sh" <<GUEST_EOF
 # Runs inside the VM.
 OUT=$OUT
 BENCH=${VMTEST_BENCH:-1}
+ROUNDS=${VMTEST_ROUNDS:-3}
 STRICT=${VMTEST_STRICT_PERF:-0}
 TESTS=(${TESTS[*]@Q})
 GUEST_EOF
@@ -76,37 +78,49 @@ if [ "$BENCH" = 1 ]; then
   verdict() {  # ratio op limit
     awk -v r="$1" -v op="$2" -v l="$3" 'BEGIN { if (r == "n/a") print "n/a"; else if ((op == "le" && r <= l) || (op == "ge" && r >= l)) print "met"; else print "MISSED" }'
   }
+  best() {  # min|max values... : the best of the rounds (empty values skipped)
+    local how=$1; shift
+    printf '%s\n' "$@" | awk -v h="$how" 'NF && $1 > 0 { if (!n++ || (h == "min" ? $1 < v : $1 > v)) v = $1 } END { if (n) print v }'
+  }
   summary() {  # label dev-a dev-b perftest-server-dev perftest-client-dev server-ip
     local label=$1 da=$2 db=$3 ds=$4 dc=$5 ip=$6
-    perf lat.out ib_send_lat -d "$ds" -x 1 -s 8 -n 3000 -- ib_send_lat -d "$dc" -x 1 -s 8 -n 3000 "$ip"
-    perf bw.out ib_write_bw -d "$ds" -x 1 -s 65536 -n 1000 --report_gbits -- ib_write_bw -d "$dc" -x 1 -s 65536 -n 1000 --report_gbits "$ip"
-    IBTEST_DEV_A=$da IBTEST_DEV_B=$db ./ib.test -test.run '^$' -test.bench '^Benchmark(AMPingPong8|PutBW64K|AMZcopyBW64K)$' \
-      -test.benchtime 1000x -test.timeout 300s > bench.out 2>&1 || { cat bench.out; fails=$((fails+1)); }
-    local typ avg gbps pbw med mean put am
-    typ=$(col lat.out 5); avg=$(col lat.out 6)    # one-way µs: typical, average (RTT/2)
-    gbps=$(col bw.out 4)                          # BW average, Gb/s
-    pbw=$(awk -v g="$gbps" 'BEGIN { if (g > 0) printf "%.1f", g * 125 }')   # MB/s (1e6 B)
-    local prtt pmean
-    prtt=$(awk -v t="$typ" 'BEGIN { if (t > 0) printf "%.1f", 2 * t }')
-    pmean=$(awk -v t="$avg" 'BEGIN { if (t > 0) printf "%.1f", 2 * t }')
-    med=$(bench '^BenchmarkAMPingPong8-' p50-us)
-    mean=$(bench '^BenchmarkAMPingPong8-' ns/op | awk '{ printf "%.1f", $1 / 1000 }')
-    put=$(bench '^BenchmarkPutBW64K-' MB/s)
-    am=$(bench '^BenchmarkAMZcopyBW64K-' MB/s)
+    local l_med=() l_mean=() l_put=() l_am=() l_prtt=() l_pmean=() l_pbw=()
+    # Rounds alternate perftest and ours; each figure is the best of the
+    # rounds, so a host hiccup in one round does not decide the ratio.
+    for round in $(seq "$ROUNDS"); do
+      perf lat.out ib_send_lat -d "$ds" -x 1 -s 8 -n 3000 -- ib_send_lat -d "$dc" -x 1 -s 8 -n 3000 "$ip"
+      perf bw.out ib_write_bw -d "$ds" -x 1 -s 65536 -n 1000 --report_gbits -- ib_write_bw -d "$dc" -x 1 -s 65536 -n 1000 --report_gbits "$ip"
+      IBTEST_DEV_A=$da IBTEST_DEV_B=$db ./ib.test -test.run '^$' -test.bench '^Benchmark(AMPingPong8|PutBW64K|AMZcopyBW64K)$' \
+        -test.benchtime 1000x -test.timeout 300s > bench.out 2>&1 || { cat bench.out; fails=$((fails+1)); }
+      grep -E '^Benchmark' bench.out | sed "s/^/  round $round: /"
+      l_prtt+=("$(col lat.out 5 | awk '{ printf "%.1f", 2 * $1 }')")     # t_typical: one-way µs (RTT/2)
+      l_pmean+=("$(col lat.out 6 | awk '{ printf "%.1f", 2 * $1 }')")    # t_avg
+      l_pbw+=("$(col bw.out 4 | awk '{ printf "%.1f", $1 * 125 }')")     # BW average Gb/s -> MB/s (1e6 B)
+      l_med+=("$(bench '^BenchmarkAMPingPong8-' p50-us)")
+      l_mean+=("$(bench '^BenchmarkAMPingPong8-' ns/op | awk '{ printf "%.1f", $1 / 1000 }')")
+      l_put+=("$(bench '^BenchmarkPutBW64K-' MB/s)")
+      l_am+=("$(bench '^BenchmarkAMZcopyBW64K-' MB/s)")
+      echo "  round $round perftest: ib_send_lat RTT typical ${l_prtt[-1]} us, mean ${l_pmean[-1]} us; ib_write_bw ${l_pbw[-1]} MB/s"
+    done
+    local med mean put am prtt pmean pbw
+    med=$(best min "${l_med[@]}"); mean=$(best min "${l_mean[@]}"); put=$(best max "${l_put[@]}"); am=$(best max "${l_am[@]}")
+    prtt=$(best min "${l_prtt[@]}"); pmean=$(best min "${l_pmean[@]}"); pbw=$(best max "${l_pbw[@]}")
     local r1 r2 r3 r4
     r1=$(ratio "$med" "$prtt"); r2=$(ratio "$mean" "$pmean"); r3=$(ratio "$put" "$pbw"); r4=$(ratio "$am" "$pbw")
     echo
-    echo "=== vm-test benchmarks: $label (gouct vs perftest, same VM run)"
+    echo "=== vm-test benchmarks: $label (gouct vs perftest, same VM run, best of $ROUNDS rounds)"
     printf '%-36s %10s %10s %7s  %s\n' "measure" "gouct" "perftest" "ratio" "target"
     printf '%-36s %10s %10s %7s  %s\n' "8 B AM ping-pong RTT median (us)" "$med" "$prtt" "$r1" "<= 2.0 $(verdict "$r1" le 2.0)"
     printf '%-36s %10s %10s %7s  %s\n' "8 B AM ping-pong RTT mean (us)" "$mean" "$pmean" "$r2" "(info)"
     printf '%-36s %10s %10s %7s  %s\n' "64 KiB put bandwidth (MB/s)" "$put" "$pbw" "$r3" ">= 0.6 $(verdict "$r3" ge 0.6)"
     printf '%-36s %10s %10s %7s  %s\n' "64 KiB AM zcopy bandwidth (MB/s)" "$am" "$pbw" "$r4" ">= 0.6 $(verdict "$r4" ge 0.6)"
-    local checks=("$(verdict "$r1" le 2.0)" "$(verdict "$r3" ge 0.6)" "$(verdict "$r4" ge 0.6)")
-    echo "(perftest: ib_send_lat -s 8 t_typical/t_avg x2, ib_write_bw -s 65536 BW average; ours: go test -bench)"
-    grep -E '^Benchmark' bench.out
+    echo "(perftest: ib_send_lat -s 8 t_typical/t_avg x2, ib_write_bw -s 65536 BW average;"
+    echo " gouct: BenchmarkAMPingPong8 p50/mean, BenchmarkPutBW64K, BenchmarkAMZcopyBW64K)"
+    echo
     if [ "$STRICT" = 1 ]; then
-      for v in "${checks[@]}"; do [ "$v" = met ] || fails=$((fails+1)); done
+      for v in "$(verdict "$r1" le 2.0)" "$(verdict "$r3" ge 0.6)" "$(verdict "$r4" ge 0.6)"; do
+        [ "$v" = met ] || fails=$((fails+1))
+      done
     fi
   }
   summary "rxe0 loopback" rxe0:1 rxe0:1 rxe0 rxe0 "$RXE_IP"
