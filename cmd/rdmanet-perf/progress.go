@@ -29,6 +29,7 @@ func (p *progressBar) loop() {
 	t := time.NewTicker(200 * time.Millisecond)
 	defer t.Stop()
 	start := time.Now()
+	p.draw(0)
 	for {
 		select {
 		case <-p.quit:
