@@ -238,6 +238,9 @@ func (cl *client) openUCT() error {
 			break
 		}
 	}
+	if idx < 0 {
+		return fmt.Errorf("selected %s/%s is not among the server's addresses", chosen.TL, chosen.Device)
+	}
 	if err := u.use(ti); err != nil {
 		return err
 	}
