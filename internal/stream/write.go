@@ -105,6 +105,11 @@ func (c *Conn) writeCopy(p []byte) (int, error) {
 		}
 		c.bytesWritten.Add(uint64(k))
 		n += k
+		if n == len(p) {
+			// Every byte is in the transport's hands: a peer that closes
+			// now does not turn this completed Write into an error.
+			return n, nil
+		}
 	}
 }
 
