@@ -113,6 +113,8 @@ func (d *Dialer) dial(ctx context.Context, network, address string) (rt.Conn, er
 		if cd, ok := ctx.Deadline(); ok && !time.Now().Before(cd) {
 			return nil, context.DeadlineExceeded // the socket's deadline was ctx's
 		}
+		rt.HandshakeFailed("dial")
+		rt.Logger(cfg).Info("rdmanet: handshake failed", "remote", address, "err", err)
 		return nil, err
 	}
 	return conn, nil

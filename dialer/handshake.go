@@ -93,7 +93,8 @@ func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool) (rt.Conn, e
 		if !detach() {
 			return nil, errAborted
 		}
-		return rt.NewTCPConn(tc, fallbackText(rep.Reason, rep.Detail)), nil
+		rt.Logger(cfg).Info("rdmanet: tcp fallback", "remote", tc.RemoteAddr().String(), "reason", rep.Reason.String(), "detail", rep.Detail)
+		return rt.NewTCPConn(tc, rep.Reason, rep.Detail), nil
 	case wire.StatusRefused:
 		return nil, refused(cfg, rt.Offered(allowed, tcpOK), rep.Offered, rep.Reason, rep.Detail)
 	}
@@ -130,7 +131,8 @@ func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool) (rt.Conn, e
 		if !detach() {
 			return nil, errAborted
 		}
-		return rt.NewTCPConn(tc, fallbackText(sr.Reason, sr.Detail)), nil
+		rt.Logger(cfg).Info("rdmanet: tcp fallback", "remote", tc.RemoteAddr().String(), "reason", sr.Reason.String(), "detail", sr.Detail)
+		return rt.NewTCPConn(tc, sr.Reason, sr.Detail), nil
 	case sr.Status != wire.StatusOK:
 		return nil, fmt.Errorf("%w: %s: server gave up: %v: %s", rt.ErrHandshake, ch.t.Name(), sr.Reason, sr.Detail)
 	case ready.Status != wire.StatusOK:
@@ -143,7 +145,7 @@ func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool) (rt.Conn, e
 	}
 	sc := ch.sc
 	ch.sc, ch.ep = nil, nil
-	if err := sc.Start(ep, rep.ConnID, tc, rt.Addr(tc.LocalAddr()), rt.Addr(tc.RemoteAddr())); err != nil {
+	if err := rt.StartStream(sc, ep, rep.ConnID, tc, r.Log); err != nil {
 		sc.Abort(err)
 		ep.Close()
 		return nil, fmt.Errorf("%w: start stream on %s: %w", rt.ErrHandshake, ch.t.Name(), err)
@@ -191,13 +193,6 @@ func connect(c *candidate, rep *wire.Reply) (uct.EP, error) {
 	}
 	c.ep = ep
 	return ep, nil
-}
-
-func fallbackText(r wire.Reason, detail string) string {
-	if detail == "" {
-		return r.String()
-	}
-	return r.String() + ": " + detail
 }
 
 // refused is the error of a forced transport list that found nothing common:

@@ -68,7 +68,8 @@ func (l *Listener) handshake(c *net.TCPConn) (rt.Conn, error) {
 			return nil, errClosing
 		}
 		c.SetDeadline(time.Time{})
-		return rt.NewTCPConn(c, reason.String()), nil
+		l.log.Info("rdmanet: tcp fallback", "remote", c.RemoteAddr().String(), "reason", reason.String(), "detail", detail)
+		return rt.NewTCPConn(c, reason, ""), nil
 	}
 
 	// Choose: the common candidates, host-local ones only for a peer of
@@ -204,7 +205,8 @@ func (l *Listener) handshake(c *net.TCPConn) (rt.Conn, error) {
 			return nil, errClosing
 		}
 		c.SetDeadline(time.Time{})
-		return rt.NewTCPConn(c, cr.Reason.String()+": "+cr.Detail), nil
+		l.log.Info("rdmanet: tcp fallback", "remote", c.RemoteAddr().String(), "reason", cr.Reason.String(), "detail", cr.Detail)
+		return rt.NewTCPConn(c, cr.Reason, cr.Detail), nil
 	}
 	if out, err = wire.AppendReady(buf[:0], &wire.Ready{}); err == nil {
 		_, err = c.Write(out)
@@ -217,7 +219,7 @@ func (l *Listener) handshake(c *net.TCPConn) (rt.Conn, error) {
 	}
 	c.SetDeadline(time.Time{})
 	ok = true
-	if err := sc.Start(ep, cand.ConnID, c, rt.Addr(c.LocalAddr()), rt.Addr(c.RemoteAddr())); err != nil {
+	if err := rt.StartStream(sc, ep, cand.ConnID, c, l.log); err != nil {
 		release(err)
 		return nil, fmt.Errorf("start stream on %s: %w", t.Name(), err)
 	}

@@ -73,7 +73,7 @@ func Listen(ctx context.Context, network, address string, cfg *uct.Config) (*Lis
 		cfg:      c,
 		rt:       rt.Get(c),
 		addr:     rt.Addr(l.Addr()),
-		log:      slog.Default().With("listener", l.Addr().String()),
+		log:      rt.Logger(c).With("listener", l.Addr().String()),
 		sem:      make(chan struct{}, c.MaxHandshakes),
 		conns:    make(chan rt.Conn),
 		done:     make(chan struct{}),
@@ -213,13 +213,12 @@ func (l *Listener) serve(c *net.TCPConn) {
 	if err != nil {
 		l.untrack(c)
 		c.Close()
-		l.Failed.Add(1)
-		select {
-		case <-l.done:
-		default:
-			if !rt.LogWarn(l.cfg) {
-				break
-			}
+		l.mu.Lock()
+		aborted := l.closed // Close aborted it: not a failure
+		l.mu.Unlock()
+		if !aborted {
+			l.Failed.Add(1)
+			rt.HandshakeFailed("accept")
 			l.log.Warn("rdmanet: handshake failed", "remote", c.RemoteAddr().String(), "err", err)
 		}
 		return

@@ -103,3 +103,13 @@ func GRPCDialer() func(ctx context.Context, addr string) (net.Conn, error) { ret
 // HTTPTransport returns an *http.Transport whose connections go over
 // rdmanet with the environment's configuration (see dialer.HTTPTransport).
 func HTTPTransport() *http.Transport { return dialer.HTTPTransport() }
+
+// Counters is a snapshot of the process-wide counters, also published as
+// the expvar map "rdmanet" (conns_open and conns_total by transport,
+// fallbacks by reason, handshake_failures by side, resets, bytes_read,
+// bytes_written). They change once per conn event, never per message.
+type Counters = rt.Counters
+
+// ReadCounters returns a snapshot of the process-wide counters. Safe from
+// any goroutine.
+func ReadCounters() Counters { return rt.ReadCounters() }

@@ -61,13 +61,3 @@ func TCPNetwork(network string) (string, error) {
 	}
 	return "", fmt.Errorf("%w %q (want rdma, rdma4 or rdma6)", ErrUnknownNetwork, network)
 }
-
-// LogWarn reports whether cfg's RDMANET_LOG_LEVEL lets
-// warnings through (debug, info, warn; not error).
-func LogWarn(cfg *uct.Config) bool {
-	switch strings.ToLower(cfg.LogLevel) {
-	case "error", "none", "off":
-		return false
-	}
-	return true
-}

@@ -3,9 +3,11 @@ package rt
 import (
 	"errors"
 	"net"
+	"sync"
 	"sync/atomic"
 
 	"github.com/gouct/gouct/internal/stream"
+	"github.com/gouct/gouct/internal/wire"
 )
 
 // Errors of the wireup, re-exported by rdmanet.
@@ -52,6 +54,7 @@ type TCPConn struct {
 	reason  string
 	read    atomic.Uint64
 	written atomic.Uint64
+	once    sync.Once
 }
 
 var (
@@ -59,9 +62,24 @@ var (
 	_ Conn = (*stream.Conn)(nil)
 )
 
-// NewTCPConn wraps c; reason says why the conn fell back to TCP.
-func NewTCPConn(c *net.TCPConn, reason string) *TCPConn {
-	return &TCPConn{TCPConn: c, reason: reason}
+// NewTCPConn wraps c, which fell back to TCP for reason (detail: the
+// peer's or the local explanation, may be empty), and counts it (conns_open
+// "tcp" until Close; fallbacks by reason).
+func NewTCPConn(c *net.TCPConn, reason wire.Reason, detail string) *TCPConn {
+	text := reason.String()
+	if detail != "" {
+		text += ": " + detail
+	}
+	t := &TCPConn{TCPConn: c, reason: text}
+	fallbacks.Add(reason.String(), 1)
+	opened(t, "tcp")
+	return t
+}
+
+// Close closes the socket.
+func (c *TCPConn) Close() error {
+	c.once.Do(func() { closed(c, "tcp") })
+	return c.TCPConn.Close()
 }
 
 // Read reads from the socket.

@@ -4,6 +4,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 
 	"github.com/gouct/gouct/internal/stream"
 	"github.com/gouct/gouct/uct"
@@ -44,6 +45,9 @@ type Runtime struct {
 	Transports []*Transport
 	// Skipped lists resources not opened and why (for logs and rdmanet-info).
 	Skipped []error
+	// Log is the library's logger (RDMANET_LOG_LEVEL of the first
+	// configuration).
+	Log *slog.Logger
 }
 
 var (
@@ -65,17 +69,37 @@ func Get(cfg *uct.Config) *Runtime {
 func open(cfg *uct.Config) *Runtime {
 	c := *cfg
 	c.TLS = []string{"^tcp"}
+	log := Logger(&c)
 	w := uct.NewWorker(&c)
-	ifs := uct.OpenIfaces(w, &c, uct.IfaceParams{Config: &c})
-	r := &Runtime{Worker: w, Ifaces: ifs, Skipped: ifs.Skipped}
+	// An endpoint that fails asynchronously (an RC QP in the error state, a
+	// shm peer gone) resets its conn at once instead of at the next send.
+	// The handler runs on the worker; the muxes exist once OpenIfaces
+	// returns, and an endpoint exists only after that.
+	var muxes atomic.Pointer[[]*stream.Mux]
+	onErr := func(ep uct.EP, err error) {
+		log.Info("rdmanet: endpoint failed", "err", err)
+		if ms := muxes.Load(); ms != nil {
+			for _, m := range *ms {
+				m.EndpointFailed(ep, err)
+			}
+		}
+	}
+	ifs := uct.OpenIfaces(w, &c, uct.IfaceParams{Config: &c, ErrHandler: onErr})
+	r := &Runtime{Worker: w, Ifaces: ifs, Skipped: ifs.Skipped, Log: log}
+	var ms []*stream.Mux
 	for _, ti := range ifs.List {
 		m, err := stream.NewMux(w, ti, &c)
 		if err != nil {
-			slog.Warn("rdmanet: transport not usable", "transport", ti.Name(), "err", err)
+			log.Warn("rdmanet: transport not usable", "transport", ti.Name(), "err", err)
 			r.Skipped = append(r.Skipped, err)
 			continue
 		}
+		ms = append(ms, m)
 		r.Transports = append(r.Transports, &Transport{TI: ti, Mux: m})
+	}
+	muxes.Store(&ms)
+	for _, err := range ifs.Skipped {
+		log.Debug("rdmanet: transport skipped", "err", err)
 	}
 	return r
 }
