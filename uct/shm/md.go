@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"os"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -15,11 +16,28 @@ import (
 
 // memh is a registration: nothing is pinned or mapped (the peer copies with
 // process_vm_readv/writev, which faults pages in as needed); it records the
-// range and access the rkey grants. mmapped is set for MemAlloc memory.
+// range and access the rkey grants, and the rkey packed once at
+// registration. mmapped is set for MemAlloc memory. Registrations of user
+// buffers are recycled through the MD's free list after Deregister, so a
+// rendezvous per Write allocates nothing.
 type memh struct {
 	buf     []byte
 	access  uct.Access
 	mmapped bool
+	live    bool // registered and not yet deregistered; under md.mu
+	rkey    [rkeyLen]byte
+}
+
+// packRKey fills h.rkey from its range and access.
+func (h *memh) packRKey() {
+	var base uint64
+	if len(h.buf) > 0 {
+		base = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(h.buf))))
+	}
+	binary.LittleEndian.PutUint32(h.rkey[0:], uint32(os.Getpid()))
+	binary.LittleEndian.PutUint32(h.rkey[4:], uint32(h.access))
+	binary.LittleEndian.PutUint64(h.rkey[8:], base)
+	binary.LittleEndian.PutUint64(h.rkey[16:], uint64(len(h.buf)))
 }
 
 // Packed rkey (little-endian), 24 bytes:
@@ -57,9 +75,15 @@ func (k rkey) check(raddr uint64, n int, need uct.Access) error {
 	return nil
 }
 
+// maxFreeMemH bounds the MD's free list of registrations.
+const maxFreeMemH = 64
+
 type md struct {
 	comp component
 	cfg  *uct.Config
+
+	mu   sync.Mutex
+	free []*memh // deregistered handles for reuse, at most maxFreeMemH
 }
 
 func newMD(c component, cfg *uct.Config) *md { return &md{comp: c, cfg: cfg} }
@@ -76,35 +100,58 @@ func (m *md) Attr() uct.MDAttr {
 
 // Register records b for remote access. The caller keeps b alive and
 // unmoved (Go heap memory does not move; do not register stack memory)
-// until Deregister.
+// until Deregister, and must not use the handle after Deregister (it is
+// recycled). Safe for concurrent use; allocates nothing in steady state.
 func (m *md) Register(b []byte, access uct.Access) (uct.MemH, error) {
-	return &memh{buf: b, access: access}, nil
+	m.mu.Lock()
+	var h *memh
+	if n := len(m.free); n > 0 {
+		h = m.free[n-1]
+		m.free[n-1] = nil
+		m.free = m.free[:n-1]
+	}
+	m.mu.Unlock()
+	if h == nil {
+		h = new(memh)
+	}
+	h.buf, h.access, h.mmapped, h.live = b, access, false, true
+	h.packRKey()
+	return h, nil
 }
 
+// Deregister ends a registration made by Register (a handle deregistered
+// twice is refused with ErrInvalidParam); for MemAlloc memory it does
+// nothing (MemFree releases it).
 func (m *md) Deregister(h uct.MemH) error {
-	if mh, ok := h.(*memh); !ok || mh == nil {
+	mh, ok := h.(*memh)
+	if !ok || mh == nil {
 		return fmt.Errorf("shm: deregister: %w", uct.ErrInvalidParam)
+	}
+	if mh.mmapped {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if !mh.live {
+		return fmt.Errorf("shm: deregister: not registered: %w", uct.ErrInvalidParam)
+	}
+	mh.live, mh.buf = false, nil
+	if len(m.free) < maxFreeMemH {
+		m.free = append(m.free, mh)
 	}
 	return nil
 }
 
 // PackRKey returns the rkey of a registration: this process's pid and the
-// registered range. A peer's GetZcopy/PutZcopy is refused outside it.
+// registered range. A peer's GetZcopy/PutZcopy is refused outside it. The
+// slice is the handle's own (packed at registration, no allocation): the
+// caller must not modify it, and it is valid until Deregister.
 func (m *md) PackRKey(h uct.MemH) ([]byte, error) {
 	mh, ok := h.(*memh)
 	if !ok || mh == nil {
 		return nil, fmt.Errorf("shm: pack rkey: %w", uct.ErrInvalidParam)
 	}
-	var base uint64
-	if len(mh.buf) > 0 {
-		base = uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mh.buf))))
-	}
-	b := make([]byte, 0, rkeyLen)
-	b = binary.LittleEndian.AppendUint32(b, uint32(os.Getpid()))
-	b = binary.LittleEndian.AppendUint32(b, uint32(mh.access))
-	b = binary.LittleEndian.AppendUint64(b, base)
-	b = binary.LittleEndian.AppendUint64(b, uint64(len(mh.buf)))
-	return b, nil
+	return mh.rkey[:], nil
 }
 
 // MemAlloc maps anonymous memory off the Go heap and registers it with
@@ -119,6 +166,7 @@ func (m *md) MemAlloc(size int) (uct.Mem, error) {
 	}
 	h := &memh{buf: b, mmapped: true,
 		access: uct.AccessLocalRead | uct.AccessLocalWrite | uct.AccessRemoteRead | uct.AccessRemoteWrite}
+	h.packRKey()
 	return uct.Mem{Buf: b, MemH: h}, nil
 }
 

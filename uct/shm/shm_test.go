@@ -389,6 +389,51 @@ func TestNoAllocPerMessage(t *testing.T) {
 	waitFor(t, "delivery", func() bool { return got.Load() == 2*202 })
 }
 
+// Register, PackRKey and Deregister of a user buffer (one rendezvous Write)
+// allocate nothing once the free list is warm; the rkey names the buffer
+// being registered, not a recycled handle's old one; a second Deregister
+// of one handle is refused.
+func TestRegisterNoAlloc(t *testing.T) {
+	a := openSide(t, nil, uct.IfaceParams{})
+	m := a.iface.MD()
+	bufs := [2][]byte{make([]byte, 4096), make([]byte, 1<<20)}
+	i := 0
+	reg := func() {
+		b := bufs[i%2]
+		i++
+		h, err := m.Register(b, uct.AccessRemoteRead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rk, err := m.PackRKey(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k, err := unpackRKey(rk)
+		if err != nil || k.base != uint64(uintptr(unsafe.Pointer(&b[0]))) || k.length != uint64(len(b)) ||
+			k.access != uct.AccessRemoteRead || k.pid != os.Getpid() {
+			t.Fatalf("rkey %+v (%v) for a buffer of %d bytes at %p", k, err, len(b), &b[0])
+		}
+		if err := m.Deregister(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg()
+	if n := testing.AllocsPerRun(200, reg); n != 0 {
+		t.Errorf("%.1f allocations per Register+PackRKey+Deregister", n)
+	}
+	h, err := m.Register(bufs[0], uct.AccessRemoteRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Deregister(h); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Deregister(h); !errors.Is(err, uct.ErrInvalidParam) {
+		t.Errorf("second Deregister: %v, want ErrInvalidParam", err)
+	}
+}
+
 // Close with traffic in flight on other goroutines never crashes or hangs.
 func TestCloseRace(t *testing.T) {
 	for round := 0; round < 20; round++ {
