@@ -16,20 +16,21 @@ ROOT=$PWD
 OUT=$(mktemp -d "${TMPDIR:-/tmp}/gouct-vmtest.XXXXXX")
 trap 'rm -rf "$OUT"' EXIT
 
-# Test binaries: "name package [VAR=value ...]". Each is built on the host and
-# runs in the guest as  VAR=value... $OUT/<name>.test -test.v  with RXEVM=1,
-# RXE_DEV=rxe0, RXE_IP=10.77.0.1, IBTEST_DEV_A/B=rxe0:1 set.
+# Test binaries: "name package [VAR=value ...]". Each is built on the host
+# with -race and runs in the guest as  VAR=value... <name>.test -test.v  with
+# RXEVM=1, RXE_DEV=rxe0, RXE_IP=10.77.0.1, IBTEST_DEV_A/B=rxe0:1 set.
 # Adding a suite is one line here, e.g. "rdmanet ./rdmanet RDMANET_TLS=rc_verbs".
 TESTS=(
   "ibv ./uct/internal/ibv"
   "ib  ./uct/ib"
 )
 
-echo "vm-test: building test binaries"
+echo "vm-test: building test binaries (race detector on; benchmarks without)"
 for t in "${TESTS[@]}"; do
   set -- $t
-  go test -c -o "$OUT/$1.test" "$2"
+  go test -race -c -o "$OUT/$1.test" "$2"
 done
+go test -c -o "$OUT/ib.bench" ./uct/ib
 
 cat > "$OUT/guest.sh" <<GUEST_EOF
 #!/bin/bash
@@ -90,7 +91,7 @@ if [ "$BENCH" = 1 ]; then
     for round in $(seq "$ROUNDS"); do
       perf lat.out ib_send_lat -d "$ds" -x 1 -s 8 -n 3000 -- ib_send_lat -d "$dc" -x 1 -s 8 -n 3000 "$ip"
       perf bw.out ib_write_bw -d "$ds" -x 1 -s 65536 -n 1000 --report_gbits -- ib_write_bw -d "$dc" -x 1 -s 65536 -n 1000 --report_gbits "$ip"
-      IBTEST_DEV_A=$da IBTEST_DEV_B=$db ./ib.test -test.run '^$' -test.bench '^Benchmark(AMPingPong8|PutBW64K|AMZcopyBW64K)$' \
+      IBTEST_DEV_A=$da IBTEST_DEV_B=$db ./ib.bench -test.run '^$' -test.bench '^Benchmark(AMPingPong8|PutBW64K|AMZcopyBW64K)$' \
         -test.benchtime 1000x -test.timeout 300s > bench.out 2>&1 || { cat bench.out; fails=$((fails+1)); }
       grep -E '^Benchmark' bench.out | sed "s/^/  round $round: /"
       l_prtt+=("$(col lat.out 5 | awk '{ printf "%.1f", 2 * $1 }')")     # t_typical: one-way µs (RTT/2)

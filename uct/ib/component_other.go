@@ -7,6 +7,7 @@ package ib
 
 import (
 	"fmt"
+	"net"
 
 	"github.com/gouct/gouct/uct"
 	"github.com/gouct/gouct/uct/internal/ibv"
@@ -24,4 +25,10 @@ func (component) MDResources() ([]uct.MDResource, error) {
 
 func (component) OpenMD(name string, cfg *uct.Config) (uct.MD, error) {
 	return nil, fmt.Errorf("%w: %v", uct.ErrUnavailable, ibv.Load())
+}
+
+// ResourceForIP would return the rc_verbs device whose RoCE v2 GID is ip;
+// without verbs support it fails with ErrUnavailable.
+func ResourceForIP(ip net.IP) (device string, gidIndex int, err error) {
+	return "", -1, fmt.Errorf("%w: %v", uct.ErrUnavailable, ibv.Load())
 }

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/gouct/gouct/uct"
 	"github.com/gouct/gouct/uct/internal/ibv"
 )
 
@@ -159,4 +160,39 @@ func lagSlaves(dev string, port int) int {
 // 0xffffff) or Soft-iWARP, or one named like them.
 func isSoftware(dev string, vendor uint32) bool {
 	return vendor == 0xffffff || strings.HasPrefix(dev, "rxe") || strings.HasPrefix(dev, "siw")
+}
+
+// ResourceForIP returns the rc_verbs device ("rxe1:1") whose RoCE v2 GID is
+// ip, and that GID's index: the device to use for a bootstrap connection
+// bound to ip (RoCE routes by IP, so a device on another netdev may not reach
+// the peer). It fails with ErrUnavailable without verbs, or when no GID matches.
+func ResourceForIP(ip net.IP) (device string, gidIndex int, err error) {
+	if err := load(); err != nil {
+		return "", -1, err
+	}
+	names, err := ibv.DeviceNames()
+	if err != nil {
+		return "", -1, fmt.Errorf("%w: %v", uct.ErrUnavailable, err)
+	}
+	for _, n := range names {
+		ctx, err := ibv.Open(n)
+		if err != nil {
+			continue
+		}
+		da, err := ctx.QueryDevice()
+		for port := 1; err == nil && port <= da.PhysPortCnt; port++ {
+			gids, gerr := ctx.GIDs(port)
+			if gerr != nil {
+				continue
+			}
+			for _, g := range gids {
+				if g.Type == ibv.GIDTypeRoCEv2 && net.IP(g.GID[:]).Equal(ip) {
+					ctx.Close()
+					return fmt.Sprintf("%s:%d", n, port), g.Index, nil
+				}
+			}
+		}
+		ctx.Close()
+	}
+	return "", -1, fmt.Errorf("%w: no RoCE v2 GID for %v", uct.ErrUnavailable, ip)
 }

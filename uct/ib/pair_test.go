@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"os/exec"
 	"runtime"
 	"strings"
@@ -13,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/gouct/gouct/uct"
+	"github.com/gouct/gouct/uct/ib"
 )
 
 // end is one side of a pair test: its own worker, MD and iface, like a process.
@@ -401,5 +403,23 @@ func TestMD(t *testing.T) {
 	}
 	if err := md.Close(); err != nil {
 		t.Errorf("md.Close after deregistering: %v", err)
+	}
+}
+
+// TestResourceForIP: the device whose RoCE v2 GID is the IP (rxe0 has
+// 10.77.0.1 in the VM; rxe1 10.78.0.1, rxe2 10.78.0.2 with --veth).
+func TestResourceForIP(t *testing.T) {
+	needRDMA(t)
+	for ip, want := range map[string]string{"10.77.0.1": "rxe0:1", "10.78.0.1": "rxe1:1", "10.78.0.2": "rxe2:1"} {
+		dev, idx, err := ib.ResourceForIP(net.ParseIP(ip))
+		if want != "rxe0:1" && err != nil && !strings.Contains(devB(), "rxe2") {
+			continue // no veth pair in this run
+		}
+		if err != nil || dev != want || idx < 0 {
+			t.Errorf("ResourceForIP(%s) = %s, %d, %v; want %s", ip, dev, idx, err, want)
+		}
+	}
+	if _, _, err := ib.ResourceForIP(net.ParseIP("192.0.2.1")); !errors.Is(err, uct.ErrUnavailable) {
+		t.Errorf("ResourceForIP(192.0.2.1): %v", err)
 	}
 }
