@@ -67,6 +67,12 @@ type Conn struct {
 	txCredit    int  // DATA bytes we may still send
 	finRecv     bool
 	rndvRx      rndvRecv
+	// A blocked Read's buffer: while the receive queue is empty, DATA is
+	// copied straight into rdPost[:rdPostN] (one copy fewer). Set by the
+	// reader just before it waits, taken back (and cleared) by the reader
+	// under mu before Read returns, so nothing writes into it afterwards.
+	rdPost  []byte
+	rdPostN int
 	rndvTx      struct {
 		active, done bool
 		token        uint32

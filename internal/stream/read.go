@@ -28,6 +28,13 @@ func (c *Conn) read(p []byte) (int, error) {
 	for {
 		dl := c.rdDL.wait()
 		c.mu.Lock()
+		if c.rdPost != nil {
+			n := c.rdPostN
+			c.rdPost, c.rdPostN = nil, 0
+			if n > 0 {
+				return c.postedLocked(n), nil
+			}
+		}
 		switch {
 		case c.closed:
 			c.mu.Unlock()
@@ -63,6 +70,7 @@ func (c *Conn) read(p []byte) (int, error) {
 			c.mu.Unlock()
 			return 0, io.EOF
 		}
+		c.rdPost, c.rdPostN = p, 0 // DATA may land in p while we wait
 		c.mu.Unlock()
 		c.wait(c.rdWake, dl, c.done)
 	}
@@ -96,6 +104,20 @@ func (c *Conn) readChunksLocked(p []byte) int {
 	c.rx.front(pool) // recycle what was drained
 	c.rxn.Store(int64(c.rx.n))
 	c.owed += credit
+	kick := c.owed >= c.batch
+	c.mu.Unlock()
+	if kick {
+		c.kickCtl()
+	}
+	c.bytesRead.Add(uint64(n))
+	return n
+}
+
+// postedLocked accounts for n DATA bytes that handlers copied straight
+// into the Read's buffer (credit owed back as for queued bytes) and
+// unlocks c.mu.
+func (c *Conn) postedLocked(n int) int {
+	c.owed += n
 	kick := c.owed >= c.batch
 	c.mu.Unlock()
 	if kick {

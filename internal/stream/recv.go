@@ -48,7 +48,15 @@ func (c *Conn) recvData(credit uint32, body []byte) {
 		return
 	}
 	c.rxAllowed -= len(body)
-	c.rx.write(body, &c.mux.chunks)
+	if c.rdPost != nil && c.rx.n == 0 {
+		// A Read waits with its buffer and nothing is queued before this.
+		k := copy(c.rdPost[c.rdPostN:], body)
+		c.rdPostN += k
+		body = body[k:]
+	}
+	if len(body) > 0 {
+		c.rx.write(body, &c.mux.chunks)
+	}
 	c.mu.Unlock()
 	signal(c.rdWake)
 	if credit > 0 {
