@@ -209,8 +209,19 @@ func testIntegrity(t *testing.T, tl string, cfg *uct.Config, total int) {
 // huge Read buffers (staged and direct pulls).
 func TestRendezvousReadSizes(t *testing.T) { forEachTL(t, testRendezvousReadSizes) }
 
+// rndvEnv is newEnv with rendezvous from 64 KiB on unless RDMANET_RNDV_THRESH
+// says otherwise (shared memory's own threshold is a few MiB): for tests of
+// the rendezvous mechanics with writes of about 1 MiB.
+func rndvEnv(t *testing.T, tl string) *env {
+	cfg := envConfig(t)
+	if cfg.RndvThresh == 0 {
+		cfg.RndvThresh = 64 << 10
+	}
+	return newEnv(t, tl, cfg)
+}
+
 func testRendezvousReadSizes(t *testing.T, tl string) {
-	e := newEnv(t, tl, nil)
+	e := rndvEnv(t, tl)
 	if e.a.mux.rndvThresh == 0 {
 		if e.a.ti.Attr.Cap.Has(uct.CapGetZcopy) {
 			t.Fatal("GetZcopy without rendezvous")
@@ -258,15 +269,23 @@ func TestRndvThreshold(t *testing.T) {
 		Latency: uct.LinearFunc{C: 1e-6}}
 	md := uct.MDAttr{RegCost: uct.LinearFunc{C: 16e-6, M: 0.06e-9}}
 	cfg := uct.DefaultConfig()
-	if got := rndvThreshold(cfg, a, md, 8184); got < 64<<10 || got > 256<<10 {
+	if got := rndvThreshold(cfg, a, md, 8184, uct.DeviceNet); got < 64<<10 || got > 256<<10 {
 		t.Errorf("derived threshold %d outside [64K,256K]", got)
 	}
+	// Shared memory: pipelined copies up to a few MiB, whatever the costs.
+	shmMD := uct.MDAttr{RegCost: uct.LinearFunc{C: 20e-9}}
+	if got := rndvThreshold(cfg, a, shmMD, 8184, uct.DeviceShm); got != shmRndvThresh {
+		t.Errorf("shm threshold %d, want %d", got, shmRndvThresh)
+	}
 	cfg.RndvThresh = 100000
-	if got := rndvThreshold(cfg, a, md, 8184); got != 100000 {
+	if got := rndvThreshold(cfg, a, md, 8184, uct.DeviceNet); got != 100000 {
 		t.Errorf("configured threshold: got %d", got)
 	}
+	if got := rndvThreshold(cfg, a, shmMD, 8184, uct.DeviceShm); got != 100000 {
+		t.Errorf("configured threshold on shm: got %d", got)
+	}
 	a.Cap = 0
-	if got := rndvThreshold(cfg, a, md, 8184); got != 0 {
+	if got := rndvThreshold(cfg, a, md, 8184, uct.DeviceNet); got != 0 {
 		t.Errorf("without GetZcopy: threshold %d, want 0 (always bcopy)", got)
 	}
 }
@@ -818,7 +837,7 @@ func TestBadNotice(t *testing.T) {
 func TestRendezvousWithoutReader(t *testing.T) { forEachTL(t, testRendezvousWithoutReader) }
 
 func testRendezvousWithoutReader(t *testing.T, tl string) {
-	e := newEnv(t, tl, nil)
+	e := rndvEnv(t, tl)
 	if e.a.mux.rndvThresh == 0 {
 		t.Skipf("%s has no GetZcopy", tl)
 	}

@@ -61,7 +61,7 @@ func NewMux(w *uct.Worker, ti *uct.TLIface, cfg *uct.Config) (*Mux, error) {
 		return nil, fmt.Errorf("stream: %s: %w", ti.Name(), uct.NotSupported("active messages (am_short or am_bcopy)"))
 	}
 	m.window = min(max(cfg.RxWindow, initialCredit), 1<<30)
-	m.rndvThresh = rndvThreshold(cfg, a, m.mdAttr, m.maxFrag)
+	m.rndvThresh = rndvThreshold(cfg, a, m.mdAttr, m.maxFrag, ti.Resource.Type)
 	m.directMin = max(m.rndvThresh, 64<<10)
 	if r := m.mdAttr.MaxReg; r > 0 && r < 1<<40 {
 		m.maxRndv = int(r)
@@ -85,12 +85,19 @@ func NewMux(w *uct.Worker, ti *uct.TLIface, cfg *uct.Config) (*Mux, error) {
 // from a registered buffer beats copying through bounce buffers: the
 // registration cost plus an RTS/ATS round trip against the copy time at the
 // iface's bandwidth, clamped to [64 KiB, 256 KiB]. 0 (never) without GetZcopy.
-func rndvThreshold(cfg *uct.Config, a uct.IfaceAttr, md uct.MDAttr, maxFrag int) int {
+//
+// Shared memory is the exception (shmRndvThresh): there a get is a copy by
+// the reader's CPU, no faster than the copy out of the ring, and it is not
+// pipelined with the writer, which sleeps through it and pays a wake-up.
+func rndvThreshold(cfg *uct.Config, a uct.IfaceAttr, md uct.MDAttr, maxFrag int, dev uct.DeviceType) int {
 	if !a.Cap.Has(uct.CapGetZcopy) || a.MaxGet <= 0 || md.RKeySize > maxRKeyLen {
 		return 0
 	}
 	if cfg.RndvThresh > 0 {
 		return max(cfg.RndvThresh, maxFrag+1)
+	}
+	if dev == uct.DeviceShm {
+		return max(shmRndvThresh, maxFrag+1)
 	}
 	bw := a.Bandwidth.Total(1)
 	if bw <= 0 {
@@ -109,6 +116,16 @@ func rndvThreshold(cfg *uct.Config, a uct.IfaceAttr, md uct.MDAttr, maxFrag int)
 	}
 	return max(min(max(t, 64<<10), 256<<10), maxFrag+1)
 }
+
+// shmRndvThresh is the rendezvous threshold of shared-memory transports.
+// Pipelined bcopy streams through the ring with both sides busy, while a
+// rendezvous leaves the writer idle through a pull that outlasts its spin
+// (ReadSpin), so it parks and pays a wake-up (DESIGN.md "Calibration":
+// 64-95 µs) per Write. Measured two-process (rdmanet-perf stream_lat):
+// 64 KiB 158 µs with rendezvous against 5 µs with bcopy, 256 KiB 282 against
+// 23 µs. From a few MiB on the wake-up is a small part of the pull, and
+// the single copy saves CPU.
+const shmRndvThresh = 4 << 20
 
 // TLIface is the transport this Mux runs on.
 func (m *Mux) TLIface() *uct.TLIface { return m.ti }
