@@ -81,7 +81,7 @@ if [ "$BENCH" = 1 ]; then
   }
   best() {  # min|max values... : the best of the rounds (empty values skipped)
     local how=$1; shift
-    printf '%s\n' "$@" | awk -v h="$how" 'NF && $1 > 0 { if (!n++ || (h == "min" ? $1 < v : $1 > v)) v = $1 } END { if (n) print v }'
+    printf '%s\n' "$@" | awk -v h="$how" '$1 ~ /^[0-9]+(\.[0-9]+)?$/ && $1 > 0 { if (!n++ || (h == "min" ? $1 < v : $1 > v)) v = $1 } END { if (n) print v }'
   }
   summary() {  # label dev-a dev-b perftest-server-dev perftest-client-dev server-ip
     local label=$1 da=$2 db=$3 ds=$4 dc=$5 ip=$6

@@ -25,14 +25,6 @@ type portInfo struct {
 	rxeSW bool         // software device (rxe, siw)
 }
 
-// mtuBytes converts an enum ibv_mtu to bytes.
-func mtuBytes(m int) int {
-	if m < 1 || m > 5 {
-		return 0
-	}
-	return 128 << m
-}
-
 // signalRate returns the per-lane signalling rate in Gb/s and the encoding
 // efficiency for an active_speed code: 8b/10b up to QDR, 64b/66b from FDR
 // (InfiniBand spec, vol 1, ch. 6; UCX uct_ib_iface_get_bw).

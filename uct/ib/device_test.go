@@ -83,11 +83,3 @@ func TestChooseGID(t *testing.T) {
 		t.Errorf("only a link-local GID: chose %d", g.Index)
 	}
 }
-
-func TestMTU(t *testing.T) {
-	for m, want := range map[int]int{1: 256, 3: 1024, 5: 4096, 0: 0, 6: 0} {
-		if got := mtuBytes(m); got != want {
-			t.Errorf("mtuBytes(%d) = %d, want %d", m, got, want)
-		}
-	}
-}

@@ -67,7 +67,7 @@ type ep struct {
 	rmaBytes   int // RDMA READ/WRITE bytes in flight
 
 	pending uct.PendingQueue
-	inPend  bool // in iface.pendEPs (guarded by iface.pendMu)
+	inPend  bool // in iface.pendEPs; guarded by iface.pendMu
 }
 
 func newEP(i *iface) (*ep, error) {
@@ -392,7 +392,9 @@ func (e *ep) PendingAdd(r *uct.PendingReq) error {
 	case epClosed:
 		return fmt.Errorf("ib: pending add: %w", uct.ErrClosed)
 	case epConnected:
-		if e.tail-e.head < uint64(len(e.ops)) && e.i.txCredits.Load() > 0 && e.i.bounce.available() {
+		// Busy only when nothing could have refused the send; an RDMA
+		// operation in flight (the bytes cap) will dispatch the queue.
+		if e.tail-e.head < uint64(len(e.ops)) && e.i.txCredits.Load() > 0 && e.i.bounce.available() && e.rmaBytes == 0 {
 			return uct.ErrBusy
 		}
 		e.pending.Add(r)

@@ -161,14 +161,14 @@ func newIface(m *md, w *uct.Worker, port *portInfo, tl uct.TLResource, p uct.Ifa
 	}
 	i.bounce = newMpool("bounce", m.pd, i.segSize, bounceSlab, max(4*i.txq, 1024), 0)
 	i.rx = newMpool("receive", m.pd, i.segSize, rxSlab, rxq, ibv.AccessLocalWrite)
-	i.rxSegs = make([]*seg, 0, rxq)
+	i.rxSegs = make([]*seg, rxq)
 	bufs := make([]ibv.RecvBuf, 0, rxq)
-	for len(i.rxSegs) < rxq {
+	for range rxq {
 		s, err := i.rx.get()
 		if err != nil {
 			return nil, err
 		}
-		i.rxSegs = append(i.rxSegs, s)
+		i.rxSegs[s.id] = s // ids are 0..rxq-1: the pool holds exactly rxq segments
 		bufs = append(bufs, ibv.RecvBuf{Addr: s.addr, WRID: uint64(s.id), Len: uint32(i.segSize), LKey: s.lkey})
 	}
 	if err = i.srq.PostRecv(bufs); err != nil {
@@ -329,7 +329,7 @@ func (i *iface) takeCredit() bool {
 	}
 }
 
-// addPending remembers that e has queued requests (called with e.mu held).
+// addPending remembers that e has queued requests.
 func (i *iface) addPending(e *ep) {
 	i.pendMu.Lock()
 	if !e.inPend {
@@ -440,7 +440,7 @@ func (i *iface) Progress() int {
 func (i *iface) handleRecv(wcs []ibv.WC) int {
 	for k := range wcs {
 		wc := &wcs[k]
-		if wc.WRID >= uint64(len(i.rxSegs)) {
+		if wc.WRID >= uint64(len(i.rxSegs)) || i.rxSegs[wc.WRID] == nil {
 			continue // not ours: never happens with a sane provider
 		}
 		s := i.rxSegs[wc.WRID]

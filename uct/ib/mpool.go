@@ -113,21 +113,6 @@ func (p *mpool) available() bool {
 	return len(p.free) > 0 || len(p.slabs)*p.perSlab < p.maxSegs
 }
 
-// byID returns segment id (for receive completions, whose wr_id is the id).
-func (p *mpool) byID(id uint64) *seg {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	i := int(id) / p.perSlab
-	if i >= len(p.slabs) {
-		return nil
-	}
-	j := int(id) % p.perSlab
-	if j >= len(p.slabs[i].segs) {
-		return nil
-	}
-	return &p.slabs[i].segs[j]
-}
-
 // close deregisters and unmaps every slab; segments must not be in use by
 // the device any more.
 func (p *mpool) close() error {

@@ -177,19 +177,6 @@ func StatusString(s uint32) string {
 	return fmt.Sprintf("status %d", s)
 }
 
-// Poll polls up to min(len(wc), 32) completions into wc and returns how many
-// (one cgo crossing).
-func (cq *CQ) Poll(wc []WC) (int, error) {
-	if len(wc) == 0 {
-		return 0, nil
-	}
-	n := C.gouct_poll(cq.p, (*C.struct_gouct_wc)(unsafe.Pointer(&wc[0])), C.int(len(wc)))
-	if n < 0 {
-		return 0, fmt.Errorf("ibv_poll_cq: %w", syscall.EIO)
-	}
-	return int(n), nil
-}
-
 // PollBoth polls up to min(len, 32) completions of rcq into rwc and of scq
 // into swc in one cgo crossing, and returns how many of each.
 func PollBoth(rcq *CQ, rwc []WC, scq *CQ, swc []WC) (nr, ns int, err error) {
