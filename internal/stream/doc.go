@@ -16,11 +16,13 @@
 // window, while no Read runs) — and answers ATS, which releases the
 // writer. The rendezvous threshold is Config.RndvThresh, or derived from
 // the MD's registration cost and the iface's latency and bandwidth
-// (64–256 KiB). The receiver grants a byte window (Config.RxWindow) for
-// copied data; credits return as the application reads, batched at a
-// quarter window and piggybacked on every outgoing message. Received data
-// is copied into 64 KiB chunks from a per-Mux pool. The wire format is
-// documented in wire.go.
+// (64–256 KiB); on shared memory, where a get is a CPU copy no faster than
+// the ring's, it is 4 MiB (shmRndvThresh). The receiver grants a byte
+// window (Config.RxWindow) for copied data; credits return as the
+// application reads, batched at a quarter window and piggybacked on every
+// outgoing message. Received data is copied straight into the buffer of a
+// blocked Read while nothing is queued, else into 64 KiB chunks from a
+// per-Mux pool. The wire format is documented in wire.go.
 //
 // Blocked calls first poll the transport themselves (Worker.TryProgress)
 // for Config.ReadSpin, then park until a handler signals them; handlers
