@@ -122,7 +122,8 @@ func (c *Completion) Done(err error) {
 		return
 	}
 	if err != nil {
-		c.status.CompareAndSwap(nil, &err)
+		e := err // only an error costs an allocation: a successful Done allocates nothing
+		c.status.CompareAndSwap(nil, &e)
 	}
 	if c.Count.Add(-1) == 0 && c.Func != nil {
 		var st error
