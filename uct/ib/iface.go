@@ -367,28 +367,29 @@ func (i *iface) dispatchPending() {
 func (i *iface) events(rc syscall.RawConn) {
 	defer close(i.evDone)
 	sh, rh := i.scq.Handle(), i.rcq.Handle()
-	for {
-		var gerr error
-		err := rc.Read(func(uintptr) bool {
-			got := false
-			for {
-				h, err := i.ch.GetEvent()
-				if errors.Is(err, syscall.EAGAIN) {
-					return got
-				}
-				if err != nil {
-					gerr = err
-					return true
-				}
-				got = true
-				switch h {
-				case sh:
-					i.scq.AckEvents(1)
-				case rh:
-					i.rcq.AckEvents(1)
-				}
+	var gerr error
+	read := func(uintptr) bool { // reads every pending event; false: wait for readiness
+		got := false
+		for {
+			h, err := i.ch.GetEvent()
+			if errors.Is(err, syscall.EAGAIN) {
+				return got
 			}
-		})
+			if err != nil {
+				gerr = err
+				return true
+			}
+			got = true
+			switch h {
+			case sh:
+				i.scq.AckEvents(1)
+			case rh:
+				i.rcq.AckEvents(1)
+			}
+		}
+	}
+	for {
+		err := rc.Read(read)
 		if err != nil || gerr != nil {
 			return
 		}

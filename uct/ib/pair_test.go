@@ -423,3 +423,66 @@ func TestResourceForIP(t *testing.T) {
 		t.Errorf("ResourceForIP(192.0.2.1): %v", err)
 	}
 }
+
+// TestHotPathAllocs: a message costs no allocation anywhere in the process
+// (sender, both workers, event goroutines) for AMShort, AMBcopy and AMZcopy
+// ping-pongs.
+func TestHotPathAllocs(t *testing.T) {
+	a, b := newPair(t)
+	var got atomic.Int64
+	b.iface.SetAMHandler(7, func(d []byte) { b.ep.AMShort(7, 0, nil) })
+	a.iface.SetAMHandler(7, func([]byte) { got.Add(1) })
+	zb := make([]byte, 2048)
+	zh, err := a.md.Register(zb, uct.AccessLocalRead)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.md.Deregister(zh)
+	iov := []uct.IOV{{Buf: zb, MemH: zh}}
+	zc := uct.NewCompletion(1<<30, nil)
+	pack := func(buf []byte) int { return copy(buf, zb[:1500]) }
+	payload := make([]byte, 64)
+	sends := map[string]func() error{
+		"AMShort": func() error { return a.ep.AMShort(7, 1, payload) },
+		"AMBcopy": func() error { _, err := a.ep.AMBcopy(7, pack); return err },
+		"AMZcopy": func() error {
+			if err := a.ep.AMZcopy(7, payload[:8], iov, zc); !errors.Is(err, uct.ErrInProgress) {
+				return err
+			}
+			return nil
+		},
+	}
+	for name, send := range sends {
+		var failed error
+		round := func() {
+			want := got.Load() + 1
+			for {
+				err := send()
+				if err == nil {
+					break
+				}
+				if !errors.Is(err, uct.ErrNoResource) {
+					failed = err
+					return
+				}
+				a.w.TryProgress()
+				runtime.Gosched()
+			}
+			for got.Load() < want {
+				a.w.TryProgress()
+				runtime.Gosched()
+			}
+		}
+		for range 50 {
+			round()
+		}
+		allocs := testing.AllocsPerRun(300, round)
+		if failed != nil {
+			t.Fatalf("%s: %v", name, failed)
+		}
+		t.Logf("%s ping-pong: %.3f allocations per round trip", name, allocs)
+		if allocs > 0.1 {
+			t.Errorf("%s ping-pong: %.2f allocations per round trip, want 0", name, allocs)
+		}
+	}
+}
