@@ -73,7 +73,7 @@ type Conn struct {
 	// under mu before Read returns, so nothing writes into it afterwards.
 	rdPost  []byte
 	rdPostN int
-	rndvTx      struct {
+	rndvTx  struct {
 		active, done bool
 		token        uint32
 	}
