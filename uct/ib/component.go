@@ -10,6 +10,17 @@
 // active port ("rxe0:1"); one iface per (MD, worker, port) with a send CQ, a
 // receive CQ and a shared receive queue of pre-posted registered buffers; one
 // RC QP per endpoint, connected endpoint to endpoint (Address, ConnectToEP).
+//
+// On the wire an active message is a SEND with immediate data: the
+// immediate is the AM id, the payload lands in one pre-posted receive buffer
+// (AMShort: 8-byte little-endian header then payload, sent inline; AMBcopy:
+// what pack wrote, from a registered bounce buffer; AMZcopy: header from a
+// bounce buffer then the caller's registered iov). PutZcopy and GetZcopy are
+// RDMA WRITE and READ with the peer's 4-byte rkey. Every send is signalled;
+// completions arrive in posting order per QP and release resources, fire
+// Completions and flushes, and dispatch pending requests.
+//
+// Verified on Soft-RoCE in a VM by scripts/vm-test.sh (make test).
 package ib
 
 import (
