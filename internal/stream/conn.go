@@ -122,6 +122,7 @@ type Conn struct {
 	rndvWant atomic.Bool  // a rendezvous is being received (mirror of rndvRx.active)
 	rxn      atomic.Int64 // mirror of rx.n, for the puller's budget
 	pulling  atomic.Bool  // the puller goroutine runs
+	pullFn   func()       // c.pullAhead, bound once
 
 	ctlDone     chan struct{}
 	releaseOnce sync.Once
@@ -151,6 +152,7 @@ func newConn(m *Mux, id uint32) *Conn {
 	c.ctlBody = new([4]byte)
 	c.packFn = c.pack
 	c.kickFn = c.kickCtl
+	c.pullFn = c.pullAhead
 	c.wrPend.Func = func() error { c.wrPendQ.Store(false); signal(c.wrWake); return nil }
 	c.rdPend.Func = func() error { c.rdPendQ.Store(false); signal(c.rdWake); return nil }
 	c.ctlPend.Func = func() error { c.ctlPendQ.Store(false); c.kickCtl(); return nil }

@@ -730,7 +730,8 @@ func testAllocs(t *testing.T, tl string) {
 	e := newEnv(t, tl, nil)
 	p := e.pair(t)
 	defer p.close()
-	for _, size := range []int{64, e.a.mux.maxShort + 1, 4 * e.a.mux.maxFrag} {
+	// 256 KiB and 1 MiB: pipelined bcopy on shm, rendezvous elsewhere.
+	for _, size := range []int{64, e.a.mux.maxShort + 1, 4 * e.a.mux.maxFrag, 256 << 10, 1 << 20} {
 		w := make([]byte, size)
 		r := make([]byte, size)
 		// Warm up pools.
@@ -746,8 +747,14 @@ func testAllocs(t *testing.T, tl string) {
 				t.Fatal(err)
 			}
 		})
-		if allocs != 0 {
-			t.Errorf("size %d: %.1f allocations per Write+Read, want 0", size, allocs)
+		want := 0.0
+		if tl == "self" && e.a.mux.rndvThresh > 0 && size >= e.a.mux.rndvThresh {
+			// uct/self's MD allocates a handle and an rkey per
+			// registration (not this package's); the stream adds none.
+			want = 2
+		}
+		if allocs > want {
+			t.Errorf("size %d: %.1f allocations per Write+Read, want %.0f", size, allocs, want)
 		}
 	}
 }

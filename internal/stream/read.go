@@ -233,7 +233,7 @@ func (c *Conn) pullChunks(limit int) error {
 // runs, so the writer is released without waiting for the application.
 func (c *Conn) kickPull() {
 	if c.pulling.CompareAndSwap(false, true) {
-		go c.pullAhead()
+		go c.pullFn() // a func value: no closure allocated per rendezvous
 	}
 }
 
