@@ -486,3 +486,43 @@ func TestHotPathAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestGIDIndex: RDMANET_IB_GID_INDEX picks the GID; an index the port does
+// not have leaves the device without resources, saying why.
+func TestGIDIndex(t *testing.T) {
+	needRDMA(t)
+	c, _ := uct.LookupComponent("ib")
+	dev := strings.Split(devA(), ":")[0]
+	cfg := uct.DefaultConfig()
+	cfg.IBGIDIndex = 999
+	md, err := c.OpenMD(dev, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := md.TLResources(); err == nil || !strings.Contains(err.Error(), "GID index 999") {
+		t.Errorf("RDMANET_IB_GID_INDEX=999: %v", err)
+	}
+	md.Close()
+	// Index 1 is rxe's IPv4-mapped RoCE v2 GID: the device address carries it.
+	cfg.IBGIDIndex = 1
+	md, err = c.OpenMD(dev, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer md.Close()
+	tls, err := md.TLResources()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := uct.NewWorker(cfg)
+	defer w.Close()
+	ifc, err := md.OpenIface(w, tls[0], uct.IfaceParams{Config: cfg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ifc.Close()
+	da := ifc.DeviceAddress()
+	if ip := net.IP(da[3:19]); ip.To4() == nil {
+		t.Errorf("GID index 1: device address GID %v, want an IPv4-mapped one", ip)
+	}
+}
