@@ -140,7 +140,7 @@ func (m *md) Register(b []byte, access uct.Access) (uct.MemH, error) {
 	}
 	p := unsafe.Pointer(&b[0])
 	h.pin.Pin(p)
-	mr, err := m.pd.RegMR(p, len(b), ibvAccess(access))
+	mr, err := m.pd.RegMR(uintptr(p), len(b), ibvAccess(access))
 	if err != nil {
 		h.pin.Unpin()
 		return nil, fmt.Errorf("ib: register %d bytes: %w", len(b), err)
@@ -209,7 +209,7 @@ func (m *md) MemAlloc(size int) (uct.Mem, error) {
 		return uct.Mem{}, fmt.Errorf("ib: mem alloc %d bytes: %w", size, err)
 	}
 	acc := uct.AccessLocalRead | uct.AccessLocalWrite | uct.AccessRemoteRead | uct.AccessRemoteWrite
-	mr, err := m.pd.RegMR(unsafe.Pointer(&b[0]), size, ibvAccess(acc))
+	mr, err := m.pd.RegMR(uintptr(unsafe.Pointer(&b[0])), size, ibvAccess(acc))
 	if err != nil {
 		unix.Munmap(b)
 		return uct.Mem{}, fmt.Errorf("ib: mem alloc %d bytes: %w", size, err)

@@ -63,7 +63,7 @@ func (p *mpool) grow() error {
 	if err != nil {
 		return fmt.Errorf("ib: %s pool: mmap %d bytes: %w", p.name, size, err)
 	}
-	mr, err := p.pd.RegMR(unsafe.Pointer(&mem[0]), size, p.access)
+	mr, err := p.pd.RegMR(uintptr(unsafe.Pointer(&mem[0])), size, p.access)
 	if err != nil {
 		unix.Munmap(mem)
 		return fmt.Errorf("ib: %s pool: %w", p.name, err)

@@ -9,6 +9,7 @@ import "C"
 
 import (
 	"fmt"
+	"runtime"
 	"syscall"
 	"unsafe"
 )
@@ -57,13 +58,15 @@ type MR struct {
 }
 
 // RegMR registers [addr, addr+n). The memory must stay mapped (and, for Go
-// memory, pinned) until Close.
-func (pd *PD) RegMR(addr unsafe.Pointer, n int, access int) (*MR, error) {
-	p, err := C.gouct_reg_mr(pd.p, addr, C.size_t(n), C.int(access))
+// memory, pinned with runtime.Pinner) until Close. The address crosses into
+// C as an integer: Go memory may hold unpinned Go pointers (a buffer inside
+// a struct), which cgo's pointer check rejects although C never reads them.
+func (pd *PD) RegMR(addr uintptr, n int, access int) (*MR, error) {
+	p, err := C.gouct_reg_mr(pd.p, C.uintptr_t(addr), C.size_t(n), C.int(access))
 	if p == nil {
 		return nil, fmt.Errorf("ibv_reg_mr %d bytes: %w", n, errnoOr(err, syscall.ENOMEM))
 	}
-	return &MR{p: p, Addr: uintptr(addr), Len: n, LKey: uint32(p.lkey), RKey: uint32(p.rkey)}, nil
+	return &MR{p: p, Addr: addr, Len: n, LKey: uint32(p.lkey), RKey: uint32(p.rkey)}, nil
 }
 
 // Close deregisters the memory.
@@ -384,14 +387,20 @@ func (q *QP) PostSend(wr *SendWR, sge *SGE) error {
 }
 
 // PostInline sends hdr (8 bytes little-endian) followed by p inline, as a
-// SEND with immediate imm (one cgo crossing). p may be reused on return.
+// SEND with immediate imm (one cgo crossing). p may be any Go memory,
+// including a buffer inside a struct that holds Go pointers: its address
+// crosses as an integer (the provider copies the bytes during the call, and
+// a goroutine stack does not move while it is in C), p stays reachable
+// until the call returns, and p may be reused on return.
 func (q *QP) PostInline(wrid uint64, imm uint32, hdr uint64, p []byte, flags uint32) error {
-	var ptr unsafe.Pointer
+	var addr uintptr
 	if len(p) > 0 {
-		ptr = unsafe.Pointer(&p[0])
+		addr = uintptr(unsafe.Pointer(&p[0]))
 	}
-	if rc := C.gouct_post_inline(q.p, C.uint64_t(wrid), C.uint32_t(imm), C.uint64_t(hdr), ptr,
-		C.uint32_t(len(p)), C.uint32_t(flags)); rc != 0 {
+	rc := C.gouct_post_inline(q.p, C.uint64_t(wrid), C.uint32_t(imm), C.uint64_t(hdr), C.uintptr_t(addr),
+		C.uint32_t(len(p)), C.uint32_t(flags))
+	runtime.KeepAlive(p)
+	if rc != 0 {
 		return syscall.Errno(rc)
 	}
 	return nil

@@ -131,8 +131,8 @@ long gouct_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *e, size_t ma
 
 struct ibv_pd *gouct_alloc_pd(struct ibv_context *ctx) { return f_alloc_pd(ctx); }
 int gouct_dealloc_pd(struct ibv_pd *pd) { return f_dealloc_pd(pd); }
-struct ibv_mr *gouct_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access) {
-	return f_reg_mr(pd, addr, len, access);
+struct ibv_mr *gouct_reg_mr(struct ibv_pd *pd, uintptr_t addr, size_t len, int access) {
+	return f_reg_mr(pd, (void *)addr, len, access);
 }
 int gouct_dereg_mr(struct ibv_mr *mr) { return f_dereg_mr(mr); }
 
@@ -249,7 +249,7 @@ int gouct_post_send(struct ibv_qp *qp, const struct gouct_wr *w, struct ibv_sge 
 }
 
 int gouct_post_inline(struct ibv_qp *qp, uint64_t wr_id, uint32_t imm, uint64_t hdr,
-		const void *p, uint32_t len, uint32_t flags) {
+		uintptr_t p, uint32_t len, uint32_t flags) {
 	struct ibv_sge sge[2];
 	struct ibv_send_wr wr, *bad = NULL;
 	// The 8-byte header goes little-endian on the wire (uct.AMHandler's layout).
@@ -258,7 +258,7 @@ int gouct_post_inline(struct ibv_qp *qp, uint64_t wr_id, uint32_t imm, uint64_t 
 	sge[0].addr = (uintptr_t)h;
 	sge[0].length = 8;
 	sge[0].lkey = 0;
-	sge[1].addr = (uintptr_t)p;
+	sge[1].addr = p;
 	sge[1].length = len;
 	sge[1].lkey = 0;
 	memset(&wr, 0, sizeof wr);

@@ -28,7 +28,10 @@ long gouct_gid_table(struct ibv_context *ctx, struct ibv_gid_entry *e, size_t ma
 
 struct ibv_pd *gouct_alloc_pd(struct ibv_context *ctx);
 int gouct_dealloc_pd(struct ibv_pd *pd);
-struct ibv_mr *gouct_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int access);
+// Addresses of caller memory travel as uintptr_t, never as pointers: cgo's
+// pointer check would reject Go memory that holds (or sits in an object that
+// holds) unpinned Go pointers, and any user buffer may be such memory.
+struct ibv_mr *gouct_reg_mr(struct ibv_pd *pd, uintptr_t addr, size_t len, int access);
 int gouct_dereg_mr(struct ibv_mr *mr);
 
 struct ibv_comp_channel *gouct_create_comp_channel(struct ibv_context *ctx);
@@ -88,7 +91,7 @@ struct gouct_rbuf {
 int gouct_post_send(struct ibv_qp *qp, const struct gouct_wr *w, struct ibv_sge *sge);
 // gouct_post_inline sends hdr (8 bytes) + p[0:len] inline with immediate imm.
 int gouct_post_inline(struct ibv_qp *qp, uint64_t wr_id, uint32_t imm, uint64_t hdr,
-	const void *p, uint32_t len, uint32_t flags);
+	uintptr_t p, uint32_t len, uint32_t flags);
 int gouct_post_srq(struct ibv_srq *srq, const struct gouct_rbuf *b, int n);
 int gouct_poll(struct ibv_cq *cq, struct gouct_wc *out, int n);
 // gouct_poll2 polls up to n completions of each CQ (one crossing for a
