@@ -46,8 +46,12 @@ func childMain() bool {
 	case "client":
 		childClient()
 	default:
-		fmt.Fprintln(os.Stderr, "unknown child role")
-		os.Exit(2)
+		role, ok := childRoles[os.Getenv(childEnv)]
+		if !ok {
+			fmt.Fprintln(os.Stderr, "unknown child role")
+			os.Exit(2)
+		}
+		role()
 	}
 	os.Exit(0)
 	return true
@@ -112,8 +116,9 @@ func childClient() {
 }
 
 // serveEcho: each conn first receives its transport name ([len][name]),
-// then a mode byte: 'E' echoes until EOF; 'S' reads an 8-byte count, drains
-// that many bytes and answers one byte.
+// then a mode byte: 'E' echoes until EOF (1 MiB reads: writes of every
+// size); 'e' the same with 16 KiB reads (many conns); 'S' reads an 8-byte
+// count, drains that many bytes and answers one byte.
 func serveEcho(l net.Listener) {
 	for {
 		c, err := l.Accept()
@@ -140,9 +145,13 @@ func serveEcho(l net.Listener) {
 			if _, err := io.ReadFull(c, mode[:]); err != nil {
 				return
 			}
-			buf := make([]byte, 1<<20)
+			size := 1 << 20
+			if mode[0] == 'e' {
+				size = 16 << 10
+			}
+			buf := make([]byte, size)
 			switch mode[0] {
-			case 'E':
+			case 'E', 'e':
 				for {
 					n, err := c.Read(buf)
 					if n > 0 {
