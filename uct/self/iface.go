@@ -46,7 +46,7 @@ type iface struct {
 	addr   []byte
 	params uct.IfaceParams
 
-	handlers [uct.MaxAMID]atomic.Pointer[uct.AMHandler]
+	uct.AMTable
 
 	mu      sync.Mutex
 	q       [queueLen]msg
@@ -99,18 +99,6 @@ func lookupIface(devAddr, ifaceAddr []byte) *iface {
 
 func (i *iface) IsReachable(devAddr, ifaceAddr []byte) bool {
 	return lookupIface(devAddr, ifaceAddr) != nil
-}
-
-func (i *iface) SetAMHandler(id uint8, h uct.AMHandler) error {
-	if id >= uct.MaxAMID {
-		return fmt.Errorf("self: am id %d: %w", id, uct.ErrInvalidParam)
-	}
-	if h == nil {
-		i.handlers[id].Store(nil)
-	} else {
-		i.handlers[id].Store(&h)
-	}
-	return nil
 }
 
 func (i *iface) CreateEP(p uct.EPParams) (uct.EP, error) {
@@ -166,8 +154,8 @@ func (i *iface) Progress() int {
 		slot := &i.q[i.head]
 		i.mu.Unlock()
 		// Only this worker consumes, so the slot is stable while the handler runs.
-		if h := i.handlers[slot.id].Load(); h != nil {
-			(*h)(slot.buf[:slot.n])
+		if h := i.Handler(slot.id); h != nil {
+			h(slot.buf[:slot.n])
 		}
 		i.mu.Lock()
 		i.head = (i.head + 1) % queueLen

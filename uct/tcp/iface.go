@@ -57,7 +57,7 @@ type iface struct {
 	devAddr, ifaceAddr []byte
 	poll               *poller
 
-	handlers [uct.MaxAMID]atomic.Pointer[uct.AMHandler]
+	uct.AMTable
 
 	mu        sync.Mutex
 	closed    bool
@@ -148,18 +148,6 @@ func (i *iface) IsReachable(devAddr, ifaceAddr []byte) bool {
 		return false
 	}
 	return a.IP.Mask(i.dev.mask).Equal(i.dev.ip.Mask(i.dev.mask))
-}
-
-func (i *iface) SetAMHandler(id uint8, h uct.AMHandler) error {
-	if id >= uct.MaxAMID {
-		return fmt.Errorf("tcp: am id %d: %w", id, uct.ErrInvalidParam)
-	}
-	if h == nil {
-		i.handlers[id].Store(nil)
-	} else {
-		i.handlers[id].Store(&h)
-	}
-	return nil
 }
 
 // CreateEP creates an endpoint to the iface at p's addresses. It does not
@@ -330,8 +318,8 @@ func (i *iface) receive(rc *rxConn) int {
 		if k == 0 {
 			break
 		}
-		if h := i.handlers[id].Load(); h != nil {
-			(*h)(payload)
+		if h := i.Handler(id); h != nil {
+			h(payload)
 		}
 		rc.r += k
 		n++
