@@ -103,7 +103,13 @@ func (d *Dialer) dial(ctx context.Context, network, address string) (rt.Conn, er
 		tc.SetDeadline(time.Time{})
 		return true
 	}
-	conn, err := handshake(tc, cfg, detach)
+	rearm := func() {
+		tc.SetDeadline(dl)
+		if ctx.Err() != nil {
+			tc.SetDeadline(time.Unix(1, 0))
+		}
+	}
+	conn, err := handshake(tc, cfg, detach, rearm)
 	if err != nil {
 		stop()
 		tc.Close()

@@ -33,9 +33,10 @@ func (c *candidate) release(err error) {
 
 // handshake runs the client side of the wireup on the bootstrap socket tc
 // (DESIGN.md "Wireup"): Hello with candidates → Reply → connect → Ready both
-// ways → stream start. The caller has set tc's deadline and closes tc when
-// handshake fails; on success tc belongs to the returned conn.
-func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool) (rt.Conn, error) {
+// ways → stream start. The caller has set tc's deadline (rearm sets it
+// again) and closes tc when handshake fails; on success tc belongs to the
+// returned conn.
+func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool, rearm func()) (rt.Conn, error) {
 	r := rt.Get(cfg)
 	tcpOK := rt.TCPAllowed(cfg)
 	allowed := r.Allowed(cfg)
@@ -103,15 +104,32 @@ func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool) (rt.Conn, e
 	}
 	ch := &cands[rep.Choice]
 
-	// Step 3: connect our EP to the server's iface or EP, then Ready both ways.
+	// Step 3: connect our EP to the server's iface or EP and start the
+	// stream, then Ready both ways. The stream starts before our Ready
+	// leaves: the server may write as soon as it reads it.
 	ready := wire.Ready{}
+	var sc *stream.Conn
+	var watch func()
 	ep, err := connect(ch, &rep)
+	if err == nil {
+		if watch, err = rt.StartStream(ch.sc, ep, rep.ConnID, tc, r.Log); err == nil {
+			sc = ch.sc
+			ch.sc, ch.ep = nil, nil // sc owns ep now, and tc until we fail
+			rearm()                 // Start cleared tc's deadline
+		}
+	}
 	if err != nil {
 		ready = wire.Ready{Status: wire.StatusRefused, Reason: wire.ReasonConnectError, Detail: err.Error()}
 		if tcpOK {
 			ready.Status = wire.StatusFallback
 		}
 	}
+	ok := false
+	defer func() {
+		if sc != nil && !ok {
+			sc.Abort(errAborted)
+		}
+	}()
 	if out, err = wire.AppendReady(buf[:0], &ready); err == nil {
 		_, err = tc.Write(out)
 	}
@@ -127,7 +145,7 @@ func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool) (rt.Conn, e
 		return nil, fmt.Errorf("%w: %w", rt.ErrHandshake, err)
 	}
 	switch {
-	case sr.Status == wire.StatusFallback && tcpOK:
+	case sr.Status == wire.StatusFallback && tcpOK && sc == nil:
 		if !detach() {
 			return nil, errAborted
 		}
@@ -135,21 +153,16 @@ func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool) (rt.Conn, e
 		return rt.NewTCPConn(tc, sr.Reason, sr.Detail), nil
 	case sr.Status != wire.StatusOK:
 		return nil, fmt.Errorf("%w: %s: server gave up: %v: %s", rt.ErrHandshake, ch.t.Name(), sr.Reason, sr.Detail)
-	case ready.Status != wire.StatusOK:
+	case sc == nil:
 		return nil, fmt.Errorf("%w: server ignored our connect error on %s", rt.ErrHandshake, ch.t.Name())
 	}
 
-	// Step 4: the stream starts; from here the stream owns tc.
+	// Step 4: the stream reads tc from now on.
 	if !detach() {
 		return nil, errAborted
 	}
-	sc := ch.sc
-	ch.sc, ch.ep = nil, nil
-	if err := rt.StartStream(sc, ep, rep.ConnID, tc, r.Log); err != nil {
-		sc.Abort(err)
-		ep.Close()
-		return nil, fmt.Errorf("%w: start stream on %s: %w", rt.ErrHandshake, ch.t.Name(), err)
-	}
+	ok = true
+	watch()
 	return sc, nil
 }
 

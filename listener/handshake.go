@@ -208,20 +208,25 @@ func (l *Listener) handshake(c *net.TCPConn) (rt.Conn, error) {
 		l.log.Info("rdmanet: tcp fallback", "remote", c.RemoteAddr().String(), "reason", cr.Reason.String(), "detail", cr.Detail)
 		return rt.NewTCPConn(c, cr.Reason, cr.Detail), nil
 	}
+	// The stream starts before our Ready leaves: the client may write as
+	// soon as it reads it.
+	if !l.detach(c) {
+		return nil, errClosing
+	}
+	watch, err := rt.StartStream(sc, ep, cand.ConnID, c, l.log)
+	if err != nil {
+		return nil, fmt.Errorf("start stream on %s: %w", t.Name(), err)
+	}
+	// From here sc owns c and ep: a failure aborts sc (the deferred release).
+	c.SetWriteDeadline(time.Now().Add(l.cfg.HandshakeTimeout))
 	if out, err = wire.AppendReady(buf[:0], &wire.Ready{}); err == nil {
 		_, err = c.Write(out)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("send ready: %w", err)
 	}
-	if !l.detach(c) {
-		return nil, errClosing
-	}
-	c.SetDeadline(time.Time{})
+	c.SetWriteDeadline(time.Time{})
 	ok = true
-	if err := rt.StartStream(sc, ep, cand.ConnID, c, l.log); err != nil {
-		release(err)
-		return nil, fmt.Errorf("start stream on %s: %w", t.Name(), err)
-	}
+	watch()
 	return sc, nil
 }

@@ -131,7 +131,8 @@ func HandshakeFailed(side string) { hsFailures.Add(side, 1) }
 // countingCtl is the liveness socket as handed to a stream conn: it records
 // the conn's end when the stream closes it, and a reset when the stream's
 // last notice on it is a reset (the stream writes exactly one notice, just
-// before closing, and nothing else).
+// before closing, and nothing else). Its Reads wait for the gate, so that
+// the handshake can still read its last frame after the stream started.
 type countingCtl struct {
 	*net.TCPConn
 	sc        *stream.Conn
@@ -139,6 +140,13 @@ type countingCtl struct {
 	log       *slog.Logger
 	reset     atomic.Bool
 	once      sync.Once
+	gate      chan struct{}
+	gateOnce  sync.Once
+}
+
+func (c *countingCtl) Read(p []byte) (int, error) {
+	<-c.gate
+	return c.TCPConn.Read(p)
 }
 
 func (c *countingCtl) Write(p []byte) (int, error) {
@@ -152,20 +160,31 @@ func (c *countingCtl) Write(p []byte) (int, error) {
 
 func (c *countingCtl) Close() error {
 	c.once.Do(func() { closed(c.sc, c.transport) })
-	return c.TCPConn.Close()
+	err := c.TCPConn.Close()
+	c.open()
+	return err
 }
+
+func (c *countingCtl) open() { c.gateOnce.Do(func() { close(c.gate) }) }
 
 // StartStream starts sc on ep with the bootstrap socket tc as its liveness
 // channel (stream.Conn.Start) and records it in the counters until the
-// stream closes tc. On error ep and tc remain the caller's, uncounted.
-func StartStream(sc *stream.Conn, ep uct.EP, peerID uint32, tc *net.TCPConn, log *slog.Logger) error {
-	ctl := &countingCtl{TCPConn: tc, sc: sc, transport: sc.Transport(), log: log}
+// stream closes tc. The stream does not read tc until the caller calls
+// watch (the handshake may still read from tc meanwhile; writing is fine).
+// Start clears tc's deadlines. On error ep and tc remain the caller's,
+// uncounted; after success, a failed handshake aborts sc (which closes tc).
+//
+// Both sides start their stream before the last handshake message leaves
+// (the client before its Ready, the server before its Ready), so that no
+// stream message can reach a conn that has not started.
+func StartStream(sc *stream.Conn, ep uct.EP, peerID uint32, tc *net.TCPConn, log *slog.Logger) (watch func(), err error) {
+	ctl := &countingCtl{TCPConn: tc, sc: sc, transport: sc.Transport(), log: log, gate: make(chan struct{})}
 	opened(sc, ctl.transport)
 	if err := sc.Start(ep, peerID, ctl, Addr(tc.LocalAddr()), Addr(tc.RemoteAddr())); err != nil {
 		ctl.once.Do(func() { closed(sc, ctl.transport) })
-		return err
+		return nil, err
 	}
-	return nil
+	return ctl.open, nil
 }
 
 // Logger returns the library's logger for cfg: slog.Default's handler,
