@@ -3,6 +3,7 @@ package rdmanet_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -335,4 +336,201 @@ func TestWriteRightAfterHandshake(t *testing.T) {
 			})
 		}
 	}
+}
+
+// TestListenerCloseInFlight: Close with handshakes at every stage (waiting
+// for the Hello, for the client's Ready with an endpoint made, completed
+// but not accepted) returns at once, closes them all and releases
+// everything.
+func TestListenerCloseInFlight(t *testing.T) {
+	base := leakBaseline(t)
+	c := cfg("self")
+	l := listen(t, c)
+	addr := l.Addr().String()
+	var socks []net.Conn
+	defer func() {
+		for _, s := range socks {
+			s.Close()
+		}
+	}()
+	// Waiting for the Hello.
+	for range 2 {
+		s, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		socks = append(socks, s)
+	}
+	// Reply received (the server made its conn and endpoint), no Ready.
+	cfgr, _ := rt.Resolve(nil)
+	var self *rt.Transport
+	for _, x := range rt.Get(cfgr).Transports {
+		if x.TI.Resource.TL == "self" {
+			self = x
+		}
+	}
+	for range 2 {
+		s, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		socks = append(socks, s)
+		a := self.TI.Address()
+		out, _ := wire.AppendHello(nil, &wire.Hello{Host: rt.LocalHost(), Cands: []wire.Candidate{{TL: a.TL,
+			Device: a.Device, DevAddr: a.DevAddr, IfaceAddr: a.IfaceAddr, Cap: uint64(self.TI.Attr.Cap), ConnID: 0xfff2}}})
+		s.Write(out)
+		f, err := wire.ReadFrame(s, wire.TypeReply, make([]byte, 0, wire.MaxFrame))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if r, err := wire.DecodeReply(f); err != nil || r.Status != wire.StatusOK {
+			t.Fatalf("reply %+v %v", r, err)
+		}
+	}
+	// Completed, never accepted.
+	var dialed []net.Conn
+	for range 2 {
+		d := &rdmanet.Dialer{Config: c, Timeout: 5 * time.Second}
+		cl, err := d.Dial("rdma", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		dialed = append(dialed, cl)
+	}
+	time.Sleep(50 * time.Millisecond)
+	start := time.Now()
+	if err := l.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("Close took %v", d)
+	}
+	for i, s := range socks {
+		s.SetReadDeadline(time.Now().Add(2 * time.Second))
+		if _, err := io.Copy(io.Discard, s); err != nil && !errors.Is(err, syscall.ECONNRESET) {
+			t.Errorf("socket %d not closed by Close: %v", i, err)
+		}
+	}
+	for i, cl := range dialed {
+		cl.SetReadDeadline(time.Now().Add(2 * time.Second))
+		_, err := cl.Read(make([]byte, 1))
+		if err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+			t.Errorf("conn %d completed but not accepted: still open after Close (%v)", i, err)
+		}
+		cl.Close()
+	}
+	for _, s := range socks {
+		s.Close()
+	}
+	socks = nil
+	base.check(t)
+}
+
+// TestDialCancelSteps: ctx cancelled before the dial, and after the
+// server's Reply (endpoint connected, stream started, waiting for the
+// server's Ready); and cancelling after DialContext returned does not touch
+// the conn. (Cancelling while waiting for the Reply: TestDialCancel.)
+func TestDialCancelSteps(t *testing.T) {
+	base := leakBaseline(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := rdmanet.DialContext(ctx, "rdma", "127.0.0.1:1"); !errors.Is(err, context.Canceled) {
+		t.Errorf("dial with a cancelled ctx: %v", err)
+	}
+
+	// A server that answers the Hello with a real choice, then stalls.
+	tl, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer tl.Close()
+	cfgr, _ := rt.Resolve(nil)
+	var self *rt.Transport
+	for _, x := range rt.Get(cfgr).Transports {
+		if x.TI.Resource.TL == "self" {
+			self = x
+		}
+	}
+	gotReady := make(chan net.Conn, 1)
+	go func() {
+		s, err := tl.Accept()
+		if err != nil {
+			return
+		}
+		buf := make([]byte, 0, wire.MaxFrame)
+		if _, err := wire.ReadFrame(s, wire.TypeHello, buf); err != nil {
+			s.Close()
+			return
+		}
+		a := self.TI.Address()
+		out, _ := wire.AppendReply(buf[:0], &wire.Reply{Status: wire.StatusOK, Choice: 0, ConnID: 0xfff3,
+			DevAddr: a.DevAddr, IfaceAddr: a.IfaceAddr, Offered: "self"})
+		s.Write(out)
+		if _, err := wire.ReadFrame(s, wire.TypeReady, buf); err != nil {
+			s.Close()
+			return
+		}
+		gotReady <- s
+	}()
+	ctx, cancel = context.WithCancel(context.Background())
+	errc := make(chan error, 1)
+	before := rdmanet.ReadCounters()
+	go func() {
+		c, err := (&rdmanet.Dialer{Config: cfg("self")}).DialContext(ctx, "rdma", tl.Addr().String())
+		if err == nil {
+			c.Close()
+		}
+		errc <- err
+	}()
+	var s net.Conn
+	select {
+	case s = <-gotReady:
+		defer s.Close()
+	case err := <-errc:
+		t.Fatalf("dial ended before its Ready: %v", err)
+	case <-time.After(5 * time.Second):
+		t.Fatal("no Ready from the client")
+	}
+	if d := rdmanet.ReadCounters().ConnsOpen["self"] - before.ConnsOpen["self"]; d != 1 {
+		t.Errorf("conns_open[self] +%d with the stream started, want +1", d)
+	}
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-errc:
+		if !errors.Is(err, context.Canceled) || time.Since(start) > time.Second {
+			t.Errorf("dial after cancel: %v after %v", err, time.Since(start))
+		}
+	case <-time.After(3 * time.Second):
+		t.Fatal("dial still blocked 3 s after cancel")
+	}
+	s.Close()
+	tl.Close()
+
+	// Cancelling after success leaves the conn alone.
+	l := listen(t, cfg("self"))
+	ctx, cancel = context.WithCancel(context.Background())
+	acc := make(chan net.Conn, 1)
+	go func() {
+		c, err := l.Accept()
+		if err == nil {
+			acc <- c
+		}
+	}()
+	cl, err := (&rdmanet.Dialer{Config: cfg("self")}).DialContext(ctx, "rdma", l.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := <-acc
+	cancel()
+	time.Sleep(20 * time.Millisecond)
+	go cl.Write([]byte("still"))
+	b := make([]byte, 5)
+	if _, err := io.ReadFull(sc, b); err != nil || string(b) != "still" {
+		t.Errorf("after cancel: %q, %v", b, err)
+	}
+	cl.Close()
+	sc.Close()
+	l.Close()
+	base.check(t)
 }
