@@ -275,6 +275,9 @@ func (e *ep) PendingAdd(r *uct.PendingReq) error {
 		return errClosed
 	}
 	defer e.leave()
+	// Ask the consumer to ring us when it frees room, then check
+	// (room protocol, fifo.go).
+	e.f.wantRoom(e.iface.pid, e.iface.nonce)
 	if e.f.hasRoom() {
 		return uct.ErrBusy
 	}

@@ -39,6 +39,9 @@ import (
 //	| 128 |    8 | tail: next ticket to consume (consumer)        |
 //	| 192 |    4 | sleep: 1 while the consumer may be parked      |
 //	| 196 |    4 | closed: 1 once the owning iface closed         |
+//	| 200 |    8 | waiter: nonce of a producer iface that found   |
+//	|     |      | the ring full and waits for room, or 0         |
+//	| 208 |    4 | waiter's pid                                   |
 //	| 256 |  N*stride | elements                                  |
 //
 // Element:
@@ -49,6 +52,13 @@ import (
 //	|   9 |    1 | flags (1: padding, skip)                    |
 //	|  12 |    4 | payload length                              |
 //	|  16 |  seg | payload                                     |
+//
+// Room protocol: a producer whose requests wait for room (a full ring)
+// stores its pid, then its nonce in waiter, then re-checks for room before
+// it parks; the consumer, after releasing elements, swaps waiter to 0 and
+// rings that producer's doorbell. Either the producer sees the room or the
+// consumer sees the waiter. One slot: a second waiting producer overwrites
+// the first, which then falls back to its backoff timer (iface.go).
 //
 // Park protocol (DESIGN.md "Calibration", lost-wakeup safe): the consumer
 // stores sleep=1, then re-checks the ring; if anything is there it takes the
@@ -65,6 +75,8 @@ const (
 	offTail  = 128
 	offSleep = 192
 	offClose = 196
+	offWaitN = 200
+	offWaitP = 208
 	hdrSize  = 256
 
 	elemHdr    = 16
@@ -213,6 +225,29 @@ func (f *fifo) head() *uint64            { return f.word(offHead) }
 func (f *fifo) tail() *uint64            { return f.word(offTail) }
 func (f *fifo) sleep() *uint32           { return (*uint32)(unsafe.Add(f.base, offSleep)) }
 func (f *fifo) closed() *uint32          { return (*uint32)(unsafe.Add(f.base, offClose)) }
+func (f *fifo) waiter() *uint64          { return f.word(offWaitN) }
+func (f *fifo) waiterPid() *uint32       { return (*uint32)(unsafe.Add(f.base, offWaitP)) }
+
+// wantRoom registers the producer iface (pid, nonce) as waiting for room
+// (room protocol). The caller re-checks hasRoom afterwards.
+func (f *fifo) wantRoom(pid int, nonce uint64) {
+	if atomic.LoadUint64(f.waiter()) == nonce {
+		return // already registered: no cache-line write per check
+	}
+	atomic.StoreUint32(f.waiterPid(), uint32(pid))
+	atomic.StoreUint64(f.waiter(), nonce)
+}
+
+// takeWaiter returns and clears the producer waiting for room (consumer
+// side, after releasing elements); nonce 0 when none.
+func (f *fifo) takeWaiter() (pid int, nonce uint64) {
+	w := f.waiter()
+	if atomic.LoadUint64(w) == 0 {
+		return 0, 0
+	}
+	nonce = atomic.SwapUint64(w, 0)
+	return int(atomic.LoadUint32(f.waiterPid())), nonce
+}
 
 func (f *fifo) elem(t uint64) unsafe.Pointer {
 	return unsafe.Add(f.base, hdrSize+(t&f.mask)*f.stride)

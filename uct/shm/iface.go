@@ -28,10 +28,16 @@ import (
 const ifaceAddrLen = 16
 
 const (
-	maxBatch   = 64  // elements one Progress call delivers at most
-	maxHeader  = 128 // AMZcopy header bytes
-	maxIOV     = 16  // iov elements of zero-copy operations
-	maxRMA     = 1 << 30
+	maxBatch  = 64  // elements one Progress call delivers at most
+	maxHeader = 128 // AMZcopy header bytes
+	maxIOV    = 16  // iov elements of zero-copy operations
+	maxRMA    = 1 << 30
+)
+
+// Backoff of the timer that re-polls a full peer FIFO while the worker
+// sleeps: the fallback when the room doorbell (fifo.go) is not rung. Vars
+// for tests.
+var (
 	minBackoff = 20 * time.Microsecond
 	maxBackoff = time.Millisecond
 )
@@ -151,6 +157,12 @@ type iface struct {
 
 	bell     *net.UnixConn
 	bellDone chan struct{}
+	// roomBell is an unconnected datagram socket through which Progress
+	// rings a producer waiting for room (room protocol, fifo.go); the
+	// last address rung is cached (progress lock only).
+	roomBell  int
+	roomNonce uint64
+	roomAddr  *unix.SockaddrUnix
 
 	mu      sync.Mutex
 	remotes map[remoteKey]*remote
@@ -197,6 +209,13 @@ func newIface(m *md, w *uct.Worker, p uct.IfaceParams) (*iface, error) {
 		i.rx.unmap()
 		unix.Close(i.memfd)
 		return nil, fmt.Errorf("shm: open iface: doorbell: %w", err)
+	}
+	i.roomBell, err = unix.Socket(unix.AF_UNIX, unix.SOCK_DGRAM|unix.SOCK_NONBLOCK|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		i.bell.Close()
+		i.rx.unmap()
+		unix.Close(i.memfd)
+		return nil, fmt.Errorf("shm: open iface: room doorbell socket: %w", err)
 	}
 	i.addr = binary.LittleEndian.AppendUint32(nil, uint32(i.pid))
 	i.addr = binary.LittleEndian.AppendUint32(i.addr, uint32(i.memfd))
@@ -378,11 +397,35 @@ func (i *iface) Progress() int {
 	}
 	if n > 0 {
 		atomic.StoreUint64(f.tail(), t)
+		if pid, nonce := f.takeWaiter(); nonce != 0 {
+			i.ringRoom(pid, nonce)
+		}
 	}
 	if i.npend.Load() != 0 {
 		n += i.progressPending()
 	}
 	return n
+}
+
+// ringRoom wakes the producer iface (pid, nonce) that waits for room in
+// our FIFO: directly when it is in this process, else through its doorbell
+// (a missing or full doorbell is ignored: the producer's backoff timer
+// remains). The values come from shared memory: at worst a spurious wake
+// of some gouct iface of this user. Under the progress lock.
+func (i *iface) ringRoom(pid int, nonce uint64) {
+	if pid == i.pid && directLocalWake {
+		localMu.RLock()
+		p := localIfaces[nonce]
+		localMu.RUnlock()
+		if p != nil {
+			p.w.Wake()
+			return
+		}
+	}
+	if nonce != i.roomNonce || i.roomAddr == nil {
+		i.roomNonce, i.roomAddr = nonce, &unix.SockaddrUnix{Name: doorbellName(pid, nonce)}
+	}
+	unix.Sendto(i.roomBell, bellByte[:], 0, i.roomAddr)
 }
 
 // deliver runs the handler of ticket t; malformed elements are counted and dropped.
@@ -480,6 +523,7 @@ func (i *iface) pendingRunnable() bool {
 			run = true // closed: Progress drops it from the list
 			continue
 		}
+		e.f.wantRoom(i.pid, i.nonce) // then re-check (room protocol)
 		if e.f.hasRoom() || !e.rem.alive() {
 			run = true
 		}
@@ -550,7 +594,7 @@ func (i *iface) Close() error {
 	atomic.StoreUint32(i.rx.closed(), 1) // senders still mapping it get ErrEndpointReset
 	errs := []error{i.bell.Close()}
 	<-i.bellDone
-	errs = append(errs, i.rx.unmap(), unix.Close(i.memfd))
+	errs = append(errs, i.rx.unmap(), unix.Close(i.memfd), unix.Close(i.roomBell))
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("shm: close iface: %w", err)
 	}

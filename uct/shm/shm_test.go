@@ -9,6 +9,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -299,6 +300,62 @@ func TestFullFIFOAndPending(t *testing.T) {
 	waitFor(t, "all messages", func() bool { return got.Load() == int64(sent+1) })
 	if err := ep.PendingAdd(&req); !errors.Is(err, uct.ErrBusy) {
 		t.Errorf("PendingAdd with room: %v, want ErrBusy", err)
+	}
+}
+
+// TestRoomDoorbell: a producer whose worker parked with a request waiting
+// for room in a full FIFO is woken by the consumer as soon as it frees room
+// (room protocol), not by its backoff timer (made an hour here), both
+// within the process and through the doorbell socket.
+func TestRoomDoorbell(t *testing.T) {
+	for _, direct := range []bool{true, false} {
+		t.Run(fmt.Sprintf("direct=%v", direct), func(t *testing.T) {
+			directLocalWake = direct
+			oldMin, oldMax := minBackoff, maxBackoff
+			minBackoff, maxBackoff = time.Hour, time.Hour
+			// Registered first, so it runs after the sides' cleanups
+			// have stopped their workers.
+			t.Cleanup(func() { directLocalWake, minBackoff, maxBackoff = true, oldMin, oldMax })
+			cfg := uct.DefaultConfig()
+			cfg.ShmFifoSize = 4
+			cfg.ShmSegSize = 256
+			a := openSide(t, cfg, uct.IfaceParams{})
+			b := openSide(t, cfg, uct.IfaceParams{})
+			block := make(chan struct{})
+			unblock := sync.OnceFunc(func() { close(block) })
+			t.Cleanup(unblock) // runs before the sides close: a failed test must not wedge a's worker
+			var got atomic.Int64
+			a.iface.SetAMHandler(1, func([]byte) {
+				if got.Add(1) == 1 {
+					<-block // stall the consumer until the FIFO is full
+				}
+			})
+			ep := b.connect(t, a)
+			for sent := 0; ; sent++ {
+				err := ep.AMShort(1, 0, nil)
+				if errors.Is(err, uct.ErrNoResource) {
+					break
+				}
+				if err != nil || sent > 100 {
+					t.Fatalf("fill: %v after %d", err, sent)
+				}
+			}
+			done := make(chan struct{})
+			var req uct.PendingReq
+			req.Func = func() error { close(done); return nil }
+			sleeps := b.w.Sleeps.Load() // PendingAdd wakes the worker, which then parks again
+			if err := ep.PendingAdd(&req); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "the producer's worker to park", func() bool { return b.w.Sleeps.Load() > sleeps })
+			time.Sleep(time.Millisecond)
+			unblock()
+			select {
+			case <-done:
+			case <-time.After(3 * time.Second):
+				t.Fatal("pending request not dispatched when the consumer freed room")
+			}
+		})
 	}
 }
 
