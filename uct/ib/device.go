@@ -188,3 +188,70 @@ func ResourceForIP(ip net.IP) (device string, gidIndex int, err error) {
 	}
 	return "", -1, fmt.Errorf("%w: no RoCE v2 GID for %v", uct.ErrUnavailable, ip)
 }
+
+// roceScope is what a RoCE iface knows about IP reachability: RoCE v2
+// routes by IP, and a device only reaches a peer the kernel would send to
+// through the device's own netdev. Computed once at iface open.
+type roceScope struct {
+	own     net.IP       // the GID's IP
+	onLink  []*net.IPNet // subnets of the GID's netdev
+	offLink []*net.IPNet // subnets of the host's other netdevs
+}
+
+// newRoCEScope reads the host's interface addresses for the GID g.
+func newRoCEScope(g ibv.GIDEntry) *roceScope {
+	s := &roceScope{own: net.IP(append([]byte(nil), g.GID[:]...))}
+	ifs, err := net.Interfaces()
+	if err != nil {
+		return s
+	}
+	for _, ifc := range ifs {
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		mine := g.IfIndex != 0 && ifc.Index == g.IfIndex
+		for _, a := range addrs {
+			n, ok := a.(*net.IPNet)
+			if !ok {
+				continue
+			}
+			if g.IfIndex == 0 && n.IP.Equal(s.own) {
+				mine = true
+			}
+		}
+		for _, a := range addrs {
+			if n, ok := a.(*net.IPNet); ok && ifc.Flags&net.FlagLoopback == 0 {
+				if mine {
+					s.onLink = append(s.onLink, n)
+				} else {
+					s.offLink = append(s.offLink, n)
+				}
+			}
+		}
+	}
+	return s
+}
+
+// reaches reports whether a peer whose GID is the IP peer can be reached
+// from this GID: the same GID (loopback on the device), a peer on the
+// netdev's own subnets, or a routed peer that no other local netdev has on
+// its link. A peer on another local netdev's link (a device of this host on
+// another network, like rxe0 beside rxe1 in the VM) is not reachable: the
+// kernel would send the packets out of a netdev without this device.
+func (s *roceScope) reaches(peer net.IP) bool {
+	if peer.Equal(s.own) {
+		return true
+	}
+	for _, n := range s.onLink {
+		if n.Contains(peer) {
+			return true
+		}
+	}
+	for _, n := range s.offLink {
+		if n.Contains(peer) {
+			return false
+		}
+	}
+	return !peer.IsLoopback()
+}

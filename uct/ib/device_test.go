@@ -83,3 +83,39 @@ func TestChooseGID(t *testing.T) {
 		t.Errorf("only a link-local GID: chose %d", g.Index)
 	}
 }
+
+// TestRoCEScope: the VM's layout (rxe0 on 10.77.0.1/24, rxe1/rxe2 on a veth
+// pair in 10.78.0.0/24): a device reaches its own IP and its own link, not
+// another local netdev's link; routed peers are left to the kernel.
+func TestRoCEScope(t *testing.T) {
+	cidr := func(s string) *net.IPNet {
+		ip, n, err := net.ParseCIDR(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n.IP = ip
+		return n
+	}
+	rxe0 := &roceScope{own: net.ParseIP("10.77.0.1"), onLink: []*net.IPNet{cidr("10.77.0.1/24")},
+		offLink: []*net.IPNet{cidr("10.78.0.1/24"), cidr("10.78.0.2/24"), cidr("10.0.2.15/24")}}
+	rxe1 := &roceScope{own: net.ParseIP("10.78.0.1"), onLink: []*net.IPNet{cidr("10.78.0.1/24")},
+		offLink: []*net.IPNet{cidr("10.77.0.1/24"), cidr("10.78.0.2/24")}}
+	for _, c := range []struct {
+		s    *roceScope
+		peer string
+		want bool
+	}{
+		{rxe0, "10.77.0.1", true}, {rxe0, "10.77.0.9", true}, {rxe0, "10.78.0.1", false},
+		{rxe0, "10.78.0.2", false}, {rxe0, "192.0.2.7", true}, {rxe0, "127.0.0.1", false},
+		{rxe1, "10.78.0.2", true}, {rxe1, "10.78.0.1", true}, {rxe1, "10.77.0.1", false},
+	} {
+		if got := c.s.reaches(net.ParseIP(c.peer)); got != c.want {
+			t.Errorf("%v reaches %s = %v, want %v", c.s.own, c.peer, got, c.want)
+		}
+	}
+	// The GID form (::ffff:a.b.c.d) compares equal to the IPv4 form.
+	g := gidOf("10.77.0.1")
+	if !rxe0.reaches(net.IP(g[:])) {
+		t.Error("GID form of the own IP not reached")
+	}
+}

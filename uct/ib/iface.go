@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"os"
 	"runtime"
 	"sync"
@@ -57,6 +58,7 @@ type iface struct {
 	attr   uct.IfaceAttr
 
 	devAddr   []byte
+	scope     *roceScope // RoCE: which peer IPs this GID reaches; nil on InfiniBand
 	segSize   int
 	txq       int
 	maxInline int
@@ -196,6 +198,9 @@ func newIface(m *md, w *uct.Worker, port *portInfo, tl uct.TLResource, p uct.Ifa
 	i.devAddr[0] = port.attr.LinkLayer
 	binary.LittleEndian.PutUint16(i.devAddr[1:], port.attr.LID)
 	copy(i.devAddr[3:], port.gid.GID[:])
+	if port.attr.LinkLayer == ibv.LinkLayerEthernet {
+		i.scope = newRoCEScope(port.gid)
+	}
 	i.attr = i.makeAttr()
 	i.evStarted = true
 	go i.events(rc)
@@ -250,8 +255,8 @@ func (i *iface) SetAMHandler(id uint8, h uct.AMHandler) error {
 }
 
 // IsReachable: a device address of the same link layer; on InfiniBand also
-// the same subnet (GID prefix) unless routed; RC endpoints need no iface
-// address.
+// the same subnet (GID prefix) unless routed; on RoCE a peer IP this GID's
+// netdev sends to (roceScope.reaches); RC endpoints need no iface address.
 func (i *iface) IsReachable(devAddr, ifaceAddr []byte) bool {
 	if len(devAddr) != devAddrLen || len(ifaceAddr) != 0 || devAddr[0] != i.devAddr[0] {
 		return false
@@ -262,7 +267,7 @@ func (i *iface) IsReachable(devAddr, ifaceAddr []byte) bool {
 		return false
 	}
 	if devAddr[0] == ibv.LinkLayerEthernet {
-		return gid != ([16]byte{})
+		return gid != ([16]byte{}) && (i.scope == nil || i.scope.reaches(net.IP(gid[:])))
 	}
 	return string(devAddr[3:11]) == string(i.devAddr[3:11])
 }
