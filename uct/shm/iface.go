@@ -153,7 +153,7 @@ type iface struct {
 	// iface list loaded before Worker.Remove (which only waits out
 	// Progress). Closed bit (epClosed) plus Arm calls in flight.
 	armState atomic.Int64
-	handlers [uct.MaxAMID]atomic.Pointer[uct.AMHandler]
+	uct.AMTable
 
 	bell     *net.UnixConn
 	bellDone chan struct{}
@@ -302,18 +302,6 @@ func (i *iface) IsReachable(devAddr, ifaceAddr []byte) bool {
 	return ok && unix.Kill(pid, 0) == nil
 }
 
-func (i *iface) SetAMHandler(id uint8, h uct.AMHandler) error {
-	if id >= uct.MaxAMID {
-		return fmt.Errorf("shm: am id %d: %w", id, uct.ErrInvalidParam)
-	}
-	if h == nil {
-		i.handlers[id].Store(nil)
-	} else {
-		i.handlers[id].Store(&h)
-	}
-	return nil
-}
-
 // CreateEP connects to a peer iface: maps its FIFO (once per peer) and
 // connects to its doorbell.
 func (i *iface) CreateEP(p uct.EPParams) (uct.EP, error) {
@@ -437,8 +425,8 @@ func (i *iface) deliver(t uint64) {
 	case flags != 0 || id >= uct.MaxAMID || n > uint32(f.seg):
 		i.bad.Add(1)
 	default:
-		if h := i.handlers[id].Load(); h != nil {
-			(*h)(f.data(t)[:n])
+		if h := i.Handler(id); h != nil {
+			h(f.data(t)[:n])
 		} else {
 			i.unhandled.Add(1)
 		}
