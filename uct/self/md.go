@@ -13,6 +13,7 @@ import (
 // memh is a registration: the registered bytes and the key peers name them by.
 type memh struct {
 	key    uint64
+	rkey   [8]byte // key, packed once at Register
 	buf    []byte
 	access uct.Access
 }
@@ -24,7 +25,12 @@ var (
 	regMu   sync.RWMutex
 	regs    = map[uint64]*memh{}
 	nextKey atomic.Uint64
+	// freeH recycles handles (bounded), so a registration per rendezvous
+	// allocates nothing in steady state.
+	freeH []*memh
 )
+
+const maxFreeH = 256
 
 type md struct {
 	comp component
@@ -41,8 +47,15 @@ func (m *md) Attr() uct.MDAttr {
 }
 
 func (m *md) Register(b []byte, access uct.Access) (uct.MemH, error) {
-	h := &memh{key: nextKey.Add(1), buf: b, access: access}
 	regMu.Lock()
+	var h *memh
+	if n := len(freeH); n > 0 {
+		h, freeH = freeH[n-1], freeH[:n-1]
+	} else {
+		h = new(memh)
+	}
+	h.key, h.buf, h.access = nextKey.Add(1), b, access
+	binary.LittleEndian.PutUint64(h.rkey[:], h.key)
 	regs[h.key] = h
 	regMu.Unlock()
 	return h, nil
@@ -54,8 +67,15 @@ func (m *md) Deregister(h uct.MemH) error {
 		return fmt.Errorf("self: deregister: %w", uct.ErrInvalidParam)
 	}
 	regMu.Lock()
+	defer regMu.Unlock()
+	if regs[mh.key] != mh {
+		return fmt.Errorf("self: deregister: not registered: %w", uct.ErrInvalidParam)
+	}
 	delete(regs, mh.key)
-	regMu.Unlock()
+	*mh = memh{}
+	if len(freeH) < maxFreeH {
+		freeH = append(freeH, mh)
+	}
 	return nil
 }
 
@@ -64,7 +84,8 @@ func (m *md) PackRKey(h uct.MemH) ([]byte, error) {
 	if !ok || mh == nil {
 		return nil, fmt.Errorf("self: pack rkey: %w", uct.ErrInvalidParam)
 	}
-	return binary.LittleEndian.AppendUint64(nil, mh.key), nil
+	// The packed key lives in the handle: valid until Deregister.
+	return mh.rkey[:], nil
 }
 
 func (m *md) MemAlloc(size int) (uct.Mem, error) {
