@@ -75,3 +75,37 @@ func TestGoMemoryWithPointers(t *testing.T) {
 }
 
 func addrOf(b []byte) uint64 { return uint64(uintptr(unsafe.Pointer(&b[0]))) }
+
+// TestRegisterNoAlloc: a registration of user memory (the stream's
+// rendezvous registers per Write) allocates nothing once warm, and a
+// recycled handle packs its own rkey.
+func TestRegisterNoAlloc(t *testing.T) {
+	a, _ := newPair(t)
+	buf := make([]byte, 256<<10)
+	var rk []byte
+	reg := func() {
+		h, err := a.md.Register(buf, uct.AccessRemoteRead)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rk, err = a.md.PackRKey(h); err != nil || len(rk) != 4 {
+			t.Fatalf("PackRKey: %x %v", rk, err)
+		}
+		if err := a.md.Deregister(h); err != nil {
+			t.Fatal(err)
+		}
+	}
+	reg()
+	if n := testing.AllocsPerRun(100, reg); n > 0 {
+		t.Errorf("Register+PackRKey+Deregister: %.1f allocations, want 0", n)
+	}
+	h1, _ := a.md.Register(buf[:4096], uct.AccessRemoteRead)
+	h2, _ := a.md.Register(buf[4096:8192], uct.AccessRemoteRead)
+	k1, _ := a.md.PackRKey(h1)
+	k2, _ := a.md.PackRKey(h2)
+	if bytes.Equal(k1, k2) {
+		t.Errorf("two live registrations share rkey %x", k1)
+	}
+	a.md.Deregister(h1)
+	a.md.Deregister(h2)
+}

@@ -32,7 +32,12 @@ type md struct {
 	closed bool
 	ifaces map[*iface]struct{}
 	regs   int // live registrations (leak accounting)
+	free   []*memh // recycled Register handles, at most maxFreeMemh
 }
+
+// maxFreeMemh bounds the recycled registration handles per MD: a rendezvous
+// registers and deregisters per Write, and should not allocate.
+const maxFreeMemh = 64
 
 func openMD(c component, name string, cfg *uct.Config) (*md, error) {
 	ctx, err := ibv.Open(name)
@@ -105,11 +110,16 @@ func (m *md) Attr() uct.MDAttr {
 
 // memh is a registration: the MR, and the pin that keeps Go memory in place
 // until Deregister. mmapped is set for MemAlloc memory (unmapped by MemFree).
+// Register's handles are recycled after Deregister (md.free), with their MR
+// storage, pinner and packed rkey: no allocation per registration.
 type memh struct {
-	mr      *ibv.MR // nil for an empty buffer
+	mr      *ibv.MR // nil for an empty buffer or once deregistered; &mrv for Register
+	mrv     ibv.MR
 	pin     runtime.Pinner
 	access  uct.Access
 	mmapped []byte
+	rkey    [4]byte // packed at registration (PackRKey returns a view)
+	pooled  bool    // from md.free: back there at Deregister
 }
 
 // ibvAccess maps uct access to the minimal verbs flags (remote write needs
@@ -129,27 +139,53 @@ func ibvAccess(a uct.Access) int {
 }
 
 // Register pins b (Go memory stays in place while registered) and registers
-// it with ibv_reg_mr for access. The caller keeps b alive until Deregister.
+// it with ibv_reg_mr for access. The caller keeps b alive until Deregister,
+// and must not use the handle after Deregister (it is recycled).
 func (m *md) Register(b []byte, access uct.Access) (uct.MemH, error) {
-	h := &memh{access: access}
 	if len(b) == 0 {
-		return h, nil
+		return &memh{access: access}, nil
 	}
-	if err := m.live(); err != nil {
-		return nil, err
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return nil, fmt.Errorf("ib: md %s: %w", m.name, uct.ErrClosed)
 	}
+	var h *memh
+	if n := len(m.free); n > 0 {
+		h = m.free[n-1]
+		m.free = m.free[:n-1]
+	}
+	m.mu.Unlock()
+	if h == nil {
+		h = &memh{pooled: true}
+	}
+	h.access = access
 	p := unsafe.Pointer(&b[0])
 	h.pin.Pin(p)
-	mr, err := m.pd.RegMR(uintptr(p), len(b), ibvAccess(access))
-	if err != nil {
+	if err := m.pd.RegMRInto(&h.mrv, uintptr(p), len(b), ibvAccess(access)); err != nil {
 		h.pin.Unpin()
+		m.recycle(h)
 		return nil, fmt.Errorf("ib: register %d bytes: %w", len(b), err)
 	}
-	h.mr = mr
+	h.mr = &h.mrv
+	k := h.mrv.RKey
+	h.rkey = [4]byte{byte(k), byte(k >> 8), byte(k >> 16), byte(k >> 24)}
 	m.mu.Lock()
 	m.regs++
 	m.mu.Unlock()
 	return h, nil
+}
+
+// recycle keeps a deregistered Register handle for reuse (bounded).
+func (m *md) recycle(h *memh) {
+	if !h.pooled {
+		return
+	}
+	m.mu.Lock()
+	if len(m.free) < maxFreeMemh {
+		m.free = append(m.free, h)
+	}
+	m.mu.Unlock()
 }
 
 func (m *md) live() error {
@@ -176,17 +212,22 @@ func (m *md) Deregister(mh uct.MemH) error {
 	m.mu.Lock()
 	m.regs--
 	m.mu.Unlock()
+	m.recycle(h)
 	if err != nil {
 		return fmt.Errorf("ib: %w", err)
 	}
 	return nil
 }
 
-// PackRKey returns the 4-byte little-endian rkey of a registration.
+// PackRKey returns the 4-byte little-endian rkey of a registration; for a
+// Register handle the bytes are the handle's, valid until Deregister.
 func (m *md) PackRKey(mh uct.MemH) ([]byte, error) {
 	h, ok := mh.(*memh)
 	if !ok || h == nil {
 		return nil, fmt.Errorf("ib: pack rkey %T: %w", mh, uct.ErrInvalidParam)
+	}
+	if h.mr == &h.mrv {
+		return h.rkey[:], nil // valid until Deregister
 	}
 	var k uint32
 	if h.mr != nil {

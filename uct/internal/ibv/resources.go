@@ -62,11 +62,21 @@ type MR struct {
 // C as an integer: Go memory may hold unpinned Go pointers (a buffer inside
 // a struct), which cgo's pointer check rejects although C never reads them.
 func (pd *PD) RegMR(addr uintptr, n int, access int) (*MR, error) {
+	m := new(MR)
+	if err := pd.RegMRInto(m, addr, n, access); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+// RegMRInto is RegMR filling m (closed, or zero) instead of allocating one.
+func (pd *PD) RegMRInto(m *MR, addr uintptr, n int, access int) error {
 	p, err := C.gouct_reg_mr(pd.p, C.uintptr_t(addr), C.size_t(n), C.int(access))
 	if p == nil {
-		return nil, fmt.Errorf("ibv_reg_mr %d bytes: %w", n, errnoOr(err, syscall.ENOMEM))
+		return fmt.Errorf("ibv_reg_mr %d bytes: %w", n, errnoOr(err, syscall.ENOMEM))
 	}
-	return &MR{p: p, Addr: addr, Len: n, LKey: uint32(p.lkey), RKey: uint32(p.rkey)}, nil
+	*m = MR{p: p, Addr: addr, Len: n, LKey: uint32(p.lkey), RKey: uint32(p.rkey)}
+	return nil
 }
 
 // Close deregisters the memory.
