@@ -31,7 +31,7 @@ type md struct {
 	mu     sync.Mutex
 	closed bool
 	ifaces map[*iface]struct{}
-	regs   int // live registrations (leak accounting)
+	regs   int     // live registrations (leak accounting)
 	free   []*memh // recycled Register handles, at most maxFreeMemh
 }
 
