@@ -45,6 +45,11 @@ type IfaceAttr struct {
 	DeviceAddrLen, IfaceAddrLen, EPAddrLen int
 	// Priority breaks ties between equal estimates (higher wins).
 	Priority int
+	// MinSpin in seconds: how long a waiter should poll this iface before
+	// parking, at least, because its events wake a parked waiter slowly
+	// (software RDMA devices, whose "NIC" is kernel work competing for the
+	// CPUs the waiters spin on). 0: no opinion (Config.ReadSpin applies).
+	MinSpin float64
 }
 
 // EstimateTime is the estimated one-way time in seconds to deliver a message
