@@ -5,6 +5,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/gouct/gouct/internal/stream"
 	"github.com/gouct/gouct/uct"
@@ -88,7 +89,15 @@ func open(cfg *uct.Config) *Runtime {
 	r := &Runtime{Worker: w, Ifaces: ifs, Skipped: ifs.Skipped, Log: log}
 	var ms []*stream.Mux
 	for _, ti := range ifs.List {
-		m, err := stream.NewMux(w, ti, &c)
+		mc := &c
+		// A transport whose events wake a parked reader slowly asks for a
+		// longer Read spin (IfaceAttr.MinSpin); 0 (disabled) stays 0.
+		if spin := time.Duration(ti.Attr.MinSpin * float64(time.Second)); c.ReadSpin > 0 && spin > c.ReadSpin {
+			cc := c
+			cc.ReadSpin = spin
+			mc = &cc
+		}
+		m, err := stream.NewMux(w, ti, mc)
 		if err != nil {
 			log.Warn("rdmanet: transport not usable", "transport", ti.Name(), "err", err)
 			r.Skipped = append(r.Skipped, err)
