@@ -28,9 +28,17 @@ func (p *PendingQueue) Len() int {
 // (it stays at the head) or the queue is empty. It returns how many ran to
 // completion. Requests that return another error are removed as well.
 // Call it from the worker when resources free up.
+//
+// Dispatch runs at most the requests queued when it was called: a request
+// queued meanwhile (a Func that finds no resources and queues itself again
+// with PendingAdd) waits for the next Dispatch, instead of looping on the
+// worker that would free the resources.
 func (p *PendingQueue) Dispatch() int {
+	p.mu.Lock()
+	budget := len(p.q)
+	p.mu.Unlock()
 	n := 0
-	for {
+	for ; budget > 0; budget-- {
 		p.mu.Lock()
 		if len(p.q) == 0 {
 			p.mu.Unlock()
@@ -49,6 +57,7 @@ func (p *PendingQueue) Dispatch() int {
 		p.mu.Unlock()
 		n++
 	}
+	return n
 }
 
 // Purge removes every request, calling cb (if non-nil) on each.
