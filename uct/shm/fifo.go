@@ -50,8 +50,15 @@ import (
 //	|   0 |    8 | seq - (t mod N), see seq                    |
 //	|   8 |    1 | AM id                                       |
 //	|   9 |    1 | flags (1: padding, skip)                    |
-//	|  12 |    4 | payload length                              |
+//	|  12 |    4 | payload length once published; while        |
+//	|     |      | reserved: ownerBit | the producer's pid       |
 //	|  16 |  seg | payload                                     |
+//
+// Dead producers: a producer stamps its pid into the element right after
+// its CAS on head. A consumer that finds its next element reserved but
+// unpublished for stuckAfter checks that pid; if the process is gone (it
+// cannot publish any more) the consumer pads the element and moves on, so
+// a peer killed mid-send does not wedge the FIFO for every other sender.
 //
 // Room protocol: a producer whose requests wait for room (a full ring)
 // stores its pid, then its nonce in waiter, then re-checks for room before
@@ -81,6 +88,7 @@ const (
 
 	elemHdr    = 16
 	flagPad    = 1
+	ownerBit   = 1 << 31 // in the length word while a producer owns the element
 	maxMapSize = 1 << 30
 )
 
@@ -279,6 +287,7 @@ func (f *fifo) reserve() (t uint64, ok bool) {
 		d := int64(f.seq(h) - h)
 		if d == 0 {
 			if atomic.CompareAndSwapUint64(head, h, h+1) {
+				atomic.StoreUint32(f.lenp(h), ownerBit|uint32(selfPid))
 				return h, true
 			}
 		} else if d < 0 {
@@ -293,8 +302,29 @@ func (f *fifo) publish(t uint64, id uint8, flags uint8, n int) {
 	e := f.elem(t)
 	*(*uint8)(unsafe.Add(e, 8)) = id
 	*(*uint8)(unsafe.Add(e, 9)) = flags
-	*(*uint32)(unsafe.Add(e, 12)) = uint32(n)
+	atomic.StoreUint32(f.lenp(t), uint32(n))
 	f.setSeq(t, t+1)
+}
+
+// lenp is ticket t's length word (the owner's pid while reserved).
+func (f *fifo) lenp(t uint64) *uint32 { return (*uint32)(unsafe.Add(f.elem(t), 12)) }
+
+// selfPid is stamped into reserved elements.
+var selfPid = os.Getpid()
+
+// deadOwner reports whether unpublished ticket t was reserved by a
+// process that no longer exists (consumer side). An element not stamped
+// yet, or stamped by a live process, is not dead.
+func (f *fifo) deadOwner(t uint64) bool {
+	if int64(atomic.LoadUint64(f.head())-t) <= 0 || f.ready(t) {
+		return false // not reserved, or published meanwhile
+	}
+	w := atomic.LoadUint32(f.lenp(t))
+	if w&ownerBit == 0 {
+		return false
+	}
+	pid := int(w &^ ownerBit)
+	return pid > 0 && unix.Kill(pid, 0) == unix.ESRCH && !f.ready(t)
 }
 
 // hasRoom reports whether a reserve would find a free element now.
@@ -309,7 +339,7 @@ func (f *fifo) ready(t uint64) bool { return f.seq(t) == t+1 }
 // msg returns the AM id, flags and payload length of published ticket t.
 func (f *fifo) msg(t uint64) (id, flags uint8, n uint32) {
 	e := f.elem(t)
-	return *(*uint8)(unsafe.Add(e, 8)), *(*uint8)(unsafe.Add(e, 9)), *(*uint32)(unsafe.Add(e, 12))
+	return *(*uint8)(unsafe.Add(e, 8)), *(*uint8)(unsafe.Add(e, 9)), atomic.LoadUint32(f.lenp(t))
 }
 
 // release frees ticket t's element for ticket t+N (consumer side).

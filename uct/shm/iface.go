@@ -178,7 +178,13 @@ type iface struct {
 	pendScratch []*ep // progress lock only
 	armScratch  []*ep // Arm only
 	pendTimer   *time.Timer
-	backoff     atomic.Int64 // ns before the timer re-polls a full peer FIFO
+	// A reserved element that stays unpublished (checkStuck): its ticket,
+	// since when (progress lock only), and a timer re-polling while parked.
+	stuckT        uint64
+	stuckAt       time.Time
+	stuckTimer    *time.Timer
+	deadProducers atomic.Uint64
+	backoff       atomic.Int64 // ns before the timer re-polls a full peer FIFO
 
 	bad       atomic.Uint64 // malformed elements dropped
 	unhandled atomic.Uint64 // elements for an AM id without handler
@@ -223,6 +229,8 @@ func newIface(m *md, w *uct.Worker, p uct.IfaceParams) (*iface, error) {
 	i.backoff.Store(int64(minBackoff))
 	i.pendTimer = time.AfterFunc(time.Hour, w.Wake)
 	i.pendTimer.Stop()
+	i.stuckTimer = time.AfterFunc(time.Hour, w.Wake)
+	i.stuckTimer.Stop()
 	go i.doorbell()
 	localMu.Lock()
 	localIfaces[i.nonce] = i
@@ -389,10 +397,39 @@ func (i *iface) Progress() int {
 			i.ringRoom(pid, nonce)
 		}
 	}
+	if n == 0 && atomic.LoadUint64(f.head()) != t {
+		n += i.checkStuck(t)
+	}
 	if i.npend.Load() != 0 {
 		n += i.progressPending()
 	}
 	return n
+}
+
+// stuckAfter is how long the next element may stay reserved but
+// unpublished before the consumer asks whether its producer died.
+const stuckAfter = 20 * time.Millisecond
+
+// checkStuck handles ticket t reserved but not published: after stuckAfter
+// (and then at most every stuckAfter) it checks the reserving process, and
+// pads the element when that process is dead (fifo.go "Dead producers").
+// It returns 1 when it padded the element. Worker only.
+func (i *iface) checkStuck(t uint64) int {
+	now := time.Now()
+	if i.stuckT != t || i.stuckAt.IsZero() {
+		i.stuckT, i.stuckAt = t, now
+		return 0
+	}
+	if now.Sub(i.stuckAt) < stuckAfter {
+		return 0
+	}
+	i.stuckAt = now
+	if !i.rx.deadOwner(t) {
+		return 0
+	}
+	i.deadProducers.Add(1)
+	i.rx.publish(t, 0, flagPad, 0)
+	return 1
 }
 
 // ringRoom wakes the producer iface (pid, nonce) that waits for room in
@@ -450,6 +487,11 @@ func (i *iface) Arm() bool {
 		// on its way and the doorbell goroutine absorbs it (one spurious wake).
 		atomic.CompareAndSwapUint32(s, 1, 0)
 		return false
+	}
+	if atomic.LoadUint64(f.head()) != i.tail.Load() {
+		// Reserved but unpublished: its producer rings when it publishes,
+		// unless it died; re-poll later to find out (checkStuck).
+		i.stuckTimer.Reset(stuckAfter)
 	}
 	if i.npend.Load() != 0 {
 		if i.pendingRunnable() {
@@ -579,6 +621,7 @@ func (i *iface) Close() error {
 		runtime.Gosched()
 	}
 	i.pendTimer.Stop()
+	i.stuckTimer.Stop()
 	atomic.StoreUint32(i.rx.closed(), 1) // senders still mapping it get ErrEndpointReset
 	errs := []error{i.bell.Close()}
 	<-i.bellDone

@@ -711,3 +711,49 @@ func TestPendingPeerGone(t *testing.T) {
 	}
 	waitFor(t, "pending queue drained", func() bool { return a.iface.npend.Load() == 0 })
 }
+
+// A producer that dies between reserving an element and publishing it must
+// not wedge the FIFO: the consumer pads the element once it finds the
+// reserving process gone, and later messages (from other senders) arrive.
+// A reservation by a live process is waited for, however long.
+func TestDeadProducerDoesNotWedge(t *testing.T) {
+	a := openSide(t, nil, uct.IfaceParams{})
+	b := openSide(t, nil, uct.IfaceParams{})
+	var got atomic.Int64
+	a.iface.SetAMHandler(3, func([]byte) { got.Add(1) })
+	u := b.connect(t, a)
+	f := u.(*ep).f
+
+	// A pid that surely names no process: a child that has exited and been reaped.
+	child, err := os.StartProcess("/bin/true", []string{"true"}, &os.ProcAttr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	deadPid := child.Pid
+	child.Wait()
+
+	// A live owner (this process) holding an element: nothing is skipped.
+	live, ok := f.reserve()
+	if !ok {
+		t.Fatal("fifo full")
+	}
+	if err := u.AMShort(3, 1, nil); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(3 * stuckAfter)
+	if got.Load() != 0 || a.iface.deadProducers.Load() != 0 {
+		t.Fatalf("message behind a live reservation delivered early (%d) or reservation padded (%d)",
+			got.Load(), a.iface.deadProducers.Load())
+	}
+	// The owner "dies": its stamp now names a reaped process.
+	atomic.StoreUint32(f.lenp(live), ownerBit|uint32(deadPid))
+	a.w.Wake()
+	waitFor(t, "message behind the dead reservation", func() bool { return got.Load() == 1 })
+	if n := a.iface.deadProducers.Load(); n != 1 {
+		t.Errorf("dead producers %d, want 1", n)
+	}
+	if err := u.AMShort(3, 2, nil); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "later message", func() bool { return got.Load() == 2 })
+}
