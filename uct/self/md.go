@@ -115,22 +115,28 @@ func resolve(rkey []byte, raddr uint64, n int, need uct.Access) ([]byte, error) 
 	if len(rkey) != 8 {
 		return nil, fmt.Errorf("self: rkey of %d bytes: %w", len(rkey), uct.ErrOutOfRange)
 	}
+	// Copy what is needed under the lock: handles are recycled by Deregister.
 	regMu.RLock()
+	var buf []byte
+	var access uct.Access
 	h := regs[binary.LittleEndian.Uint64(rkey)]
+	if h != nil {
+		buf, access = h.buf, h.access
+	}
 	regMu.RUnlock()
-	if h == nil || h.access&need != need {
+	if h == nil || access&need != need {
 		return nil, fmt.Errorf("self: unknown rkey: %w", uct.ErrOutOfRange)
 	}
-	if len(h.buf) == 0 {
+	if len(buf) == 0 {
 		if n == 0 {
 			return nil, nil
 		}
 		return nil, uct.ErrOutOfRange
 	}
-	base := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(h.buf))))
-	if raddr < base || raddr-base > uint64(len(h.buf)) || uint64(n) > uint64(len(h.buf))-(raddr-base) {
+	base := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(buf))))
+	if raddr < base || raddr-base > uint64(len(buf)) || uint64(n) > uint64(len(buf))-(raddr-base) {
 		return nil, fmt.Errorf("self: [%#x,+%d) outside registration: %w", raddr, n, uct.ErrOutOfRange)
 	}
 	off := raddr - base
-	return h.buf[off : off+uint64(n)], nil
+	return buf[off : off+uint64(n)], nil
 }
