@@ -95,6 +95,8 @@ func main() {
 
 func bench(addr string, creds credentials.TransportCredentials, dial grpc.DialOption, calls, size int, streamBytes int64, chunk int) (result, error) {
 	cc, err := grpc.NewClient("passthrough:///"+addr, dial, grpc.WithTransportCredentials(creds),
+		grpc.WithWriteBufferSize(1<<20), grpc.WithReadBufferSize(1<<20),
+		grpc.WithInitialWindowSize(16<<20), grpc.WithInitialConnWindowSize(16<<20),
 		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(8<<20)))
 	if err != nil {
 		return result{}, err
