@@ -65,7 +65,7 @@ type iface struct {
 	maxIOV    int
 	rdAtomic  int
 
-	handlers [uct.MaxAMID]atomic.Pointer[uct.AMHandler]
+	uct.AMTable
 
 	ch     *ibv.CompChannel
 	chFile *os.File // dup of the channel's fd, parked in the netpoller
@@ -248,17 +248,6 @@ func (i *iface) Resource() uct.TLResource { return i.tl }
 func (i *iface) MD() uct.MD               { return i.md }
 func (i *iface) DeviceAddress() []byte    { return i.devAddr }
 func (i *iface) IfaceAddress() []byte     { return []byte{} }
-func (i *iface) SetAMHandler(id uint8, h uct.AMHandler) error {
-	if id >= uct.MaxAMID {
-		return fmt.Errorf("ib: am id %d: %w", id, uct.ErrInvalidParam)
-	}
-	if h == nil {
-		i.handlers[id].Store(nil)
-	} else {
-		i.handlers[id].Store(&h)
-	}
-	return nil
-}
 
 // IsReachable: a device address of the same link layer; on InfiniBand also
 // the same subnet (GID prefix) unless routed; on RoCE a peer IP this GID's
@@ -457,8 +446,8 @@ func (i *iface) handleRecv(wcs []ibv.WC) int {
 		}
 		s := i.rxSegs[wc.WRID]
 		if wc.Status == ibv.WCSuccess && wc.ByteLen <= uint32(len(s.buf)) && wc.Imm < uct.MaxAMID {
-			if h := i.handlers[wc.Imm].Load(); h != nil {
-				(*h)(s.buf[:wc.ByteLen])
+			if h := i.Handler(uint8(wc.Imm)); h != nil {
+				h(s.buf[:wc.ByteLen])
 			}
 		}
 		if !i.closing.Load() {
