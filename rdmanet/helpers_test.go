@@ -279,8 +279,16 @@ func startChild(t testing.TB, role string, env ...string) *exec.Cmd {
 // with this process) and stops it at the end of the test.
 func startServer(t testing.TB) *peer {
 	t.Helper()
+	return startServerAs(t, "server")
+}
+
+// startServerAs starts a server child in role, which prints its addresses
+// as one JSON line and serves until its stdin closes; it is stopped at the
+// end of the test.
+func startServerAs(t testing.TB, role string) *peer {
+	t.Helper()
 	testCert(t)
-	cmd := startChild(t, "server", "TEST_CERT="+string(certPEM), "TEST_KEY="+string(keyPEM))
+	cmd := startChild(t, role, "TEST_CERT="+string(certPEM), "TEST_KEY="+string(keyPEM))
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -308,7 +316,7 @@ func startServer(t testing.TB) *peer {
 		}
 	})
 	if err != nil {
-		t.Fatalf("server child: %v (%q)", err, line)
+		t.Fatalf("%s child: %v (%q)", role, err, line)
 	}
 	return p
 }

@@ -1,7 +1,6 @@
 package rdmanet_test
 
 import (
-	"bufio"
 	"context"
 	"crypto/tls"
 	"encoding/json"
@@ -133,38 +132,7 @@ func rcVerbsServer() {
 // startRCServer starts an rcVerbsServer child, stopped at the end of the test.
 func startRCServer(t testing.TB) *peer {
 	t.Helper()
-	testCert(t)
-	cmd := startChild(t, rcServerRole, "TEST_CERT="+string(certPEM), "TEST_KEY="+string(keyPEM))
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	out, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	p := &peer{cmd: cmd, stdin: stdin, done: make(chan error, 1)}
-	line, err := bufio.NewReader(out).ReadBytes('\n')
-	if err == nil {
-		err = json.Unmarshal(line, &p.addrs)
-	}
-	go func() { p.done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		stdin.Close()
-		select {
-		case <-p.done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-			<-p.done
-		}
-	})
-	if err != nil {
-		t.Fatalf("rc_verbs server child: %v (%q)", err, line)
-	}
-	return p
+	return startServerAs(t, rcServerRole)
 }
 
 // TestRCVerbsTwoProcess: echo integrity and gRPC (plain and TLS) between
