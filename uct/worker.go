@@ -16,7 +16,11 @@ import (
 //
 // Other goroutines may poll too (TryProgress): a blocked Read polling the
 // transport itself is the fastest path for ping-pong traffic. Every poll runs
-// under one lock, so handlers never run concurrently with each other.
+// under one lock, so handlers never run concurrently with each other. A
+// goroutine that spins on TryProgress announces it (BeginPoll/EndPoll); the
+// worker then parks without arming until the last such poller stops, so a
+// process burns at most one CPU on polling (on 2 vCPUs, a second spinner
+// starves the peer process and the kernel's share of the transport).
 type Worker struct {
 	cfg    *Config
 	spin   time.Duration
@@ -33,6 +37,8 @@ type Worker struct {
 	closing   atomic.Bool
 	done      chan struct{}
 	closeOnce sync.Once
+
+	pollers atomic.Int32 // goroutines spinning on TryProgress (BeginPoll)
 
 	wakeAt   atomic.Int64 // monotonic ns of the Wake that ended the last sleep
 	wakeCost atomic.Int64 // EWMA of wake-up latency in ns (adapts the spin)
@@ -112,6 +118,29 @@ func (w *Worker) Wake() {
 	}
 }
 
+// BeginPoll announces that the caller is about to spin on TryProgress; the
+// worker stops spinning meanwhile. Every BeginPoll needs one EndPoll, and
+// the caller must keep polling until then. Safe from any goroutine.
+func (w *Worker) BeginPoll() { w.pollers.Add(1) }
+
+// EndPoll ends a BeginPoll. blocking says the caller is about to block: the
+// last poller to stop then hands progress back to the worker at once (a
+// Wake). A poller that stops because its data arrived does not wake it (the
+// wake-up would cost the round trip a futex call and a CPU): the parked
+// worker looks again within its spin budget, by which time a ping-pong
+// reader polls again.
+func (w *Worker) EndPoll(blocking bool) {
+	if w.pollers.Add(-1) == 0 && blocking {
+		w.Wake()
+	}
+}
+
+// SpinAllowed reports whether a goroutine about to block may poll first:
+// false while the host's CPUs are oversubscribed (Config.SpinPressure), when
+// polling steals the CPU the event it waits for needs. Safe from any
+// goroutine; two atomic loads between samples.
+func (w *Worker) SpinAllowed() bool { return !cpuPressure.contended(w.cfg.SpinPressure) }
+
 // Progress polls every iface once under the progress lock and returns the
 // number of events handled.
 func (w *Worker) Progress() int {
@@ -168,10 +197,11 @@ func (w *Worker) armAll() bool {
 }
 
 // spinBudget adapts the spin to about twice the measured wake-up cost
-// (DESIGN.md "Calibration"), never below the configured budget and at most 1 ms.
+// (DESIGN.md "Calibration"), never below the configured budget and at most
+// 1 ms; 0 while the host's CPUs are oversubscribed (Config.SpinPressure).
 func (w *Worker) spinBudget() int64 {
 	s := int64(w.spin)
-	if s == 0 {
+	if s == 0 || cpuPressure.contended(w.cfg.SpinPressure) {
 		return 0
 	}
 	if c := 2 * w.wakeCost.Load(); c > s {
@@ -180,14 +210,55 @@ func (w *Worker) spinBudget() int64 {
 	return s
 }
 
+// yieldToPollers parks the worker unarmed, without polling, while other
+// goroutines poll: until the last of them blocks (EndPoll wakes us), a Wake
+// (a posted func, an event), or a timer finds no poller left, so a poller
+// that stopped without blocking is noticed within one spin budget. The
+// timer's period doubles (up to 1 ms) while pollers keep polling.
+func (w *Worker) yieldToPollers(timer *time.Timer) {
+	period := max(w.spin, 10*time.Microsecond)
+	for {
+		w.sleeping.Store(true)
+		if w.pollers.Load() == 0 || w.closing.Load() {
+			if !w.sleeping.CompareAndSwap(true, false) {
+				<-w.wake
+			}
+			return
+		}
+		timer.Reset(period)
+		select {
+		case <-w.wake:
+			timer.Stop()
+			return
+		case <-timer.C:
+			if !w.sleeping.CompareAndSwap(true, false) {
+				<-w.wake // a waker owns the token: take it
+				return
+			}
+		}
+		if w.pollers.Load() == 0 {
+			return
+		}
+		period = min(2*period, time.Millisecond)
+	}
+}
+
 func (w *Worker) run() {
 	defer close(w.done)
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
 	last := nanotime()
 	empty := 0
 	for !w.closing.Load() {
 		if w.Progress() > 0 {
 			empty = 0
 			last = -1
+			continue
+		}
+		if w.pollers.Load() > 0 {
+			w.yieldToPollers(timer)
+			empty, last = 0, -1
 			continue
 		}
 		empty++

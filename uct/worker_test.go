@@ -13,10 +13,12 @@ type fakeIface struct {
 	w       *Worker
 	pending atomic.Int32
 	handled atomic.Int32
+	polls   atomic.Int64
 	armed   atomic.Bool
 }
 
 func (f *fakeIface) Progress() int {
+	f.polls.Add(1)
 	n := int(f.pending.Swap(0))
 	f.handled.Add(int32(n))
 	return n
@@ -88,6 +90,54 @@ func TestWorkerPost(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("posted func never ran")
 	}
+}
+
+// TestWorkerYieldsToPoller: while a goroutine announces it polls
+// (BeginPoll), the worker neither polls nor arms; the last EndPoll hands
+// progress back and events are handled again.
+func TestWorkerYieldsToPoller(t *testing.T) {
+	w := NewWorker(nil)
+	defer w.Close()
+	f := &fakeIface{w: w}
+	w.Add(f)
+	w.BeginPoll()
+	w.BeginPoll()
+	time.Sleep(20 * time.Millisecond) // the worker notices and parks
+	f.armed.Store(false)
+	p0 := f.polls.Load()
+	c0 := cpuTime()
+	time.Sleep(100 * time.Millisecond)
+	if n := f.polls.Load() - p0; n > 2 {
+		t.Errorf("worker polled %d times while another goroutine polled", n)
+	}
+	if f.armed.Load() {
+		t.Error("worker armed the iface while another goroutine polled")
+	}
+	if used := cpuTime() - c0; used > 20*time.Millisecond {
+		t.Errorf("worker used %v CPU in 100ms while yielding", used)
+	}
+	w.EndPoll(true)
+	f.pending.Add(1) // not armed: only a polling worker sees it
+	time.Sleep(20 * time.Millisecond)
+	if f.handled.Load() != 0 {
+		t.Fatal("worker polled with one poller still announced")
+	}
+	w.EndPoll(true)
+	waitFor(t, "event handled after the last EndPoll", func() bool { return f.handled.Load() == 1 })
+	for i := 0; i < 1000; i++ { // racing Begin/End against the park
+		w.BeginPoll()
+		w.EndPoll(i%2 == 0)
+	}
+	// A poller that stops without blocking does not wake the worker: it
+	// notices within its spin budget.
+	w.BeginPoll()
+	time.Sleep(5 * time.Millisecond)
+	w.EndPoll(false)
+	f.pending.Add(1)
+	waitFor(t, "event handled after a non-blocking EndPoll", func() bool { return f.handled.Load() == 2 })
+	f.inject()
+	waitFor(t, "event handled after Begin/End churn", func() bool { return f.handled.Load() == 3 })
+	w.Remove(f)
 }
 
 func TestWorkerCloseWhileSpinning(t *testing.T) {

@@ -282,12 +282,15 @@ func (c *Conn) closeDone() { c.doneOnce.Do(func() { close(c.done) }) }
 // wait blocks until wake is signalled, dl or done closes. A blocked caller
 // first polls the transport itself for cfg.ReadSpin (the fast path for
 // ping-pong traffic, DESIGN.md "Calibration"), yielding every few polls,
-// then parks. nil channels are never ready.
+// then parks; it parks at once while the host's CPUs are oversubscribed
+// (uct.Worker.SpinAllowed). nil channels are never ready.
 func (c *Conn) wait(wake chan struct{}, dl, done <-chan struct{}) {
-	if spin := c.mux.cfg.ReadSpin; spin > 0 && len(wake) == 0 {
+	if spin := c.mux.cfg.ReadSpin; spin > 0 && len(wake) == 0 && c.mux.w.SpinAllowed() {
+		w := c.mux.w
+		w.BeginPoll() // the worker parks while we poll
 		start := time.Now()
 		for i := 1; len(wake) == 0; i++ {
-			c.mux.w.TryProgress()
+			w.TryProgress()
 			if i&7 == 0 {
 				if time.Since(start) > spin || closedChan(dl) || closedChan(done) {
 					break
@@ -295,6 +298,7 @@ func (c *Conn) wait(wake chan struct{}, dl, done <-chan struct{}) {
 				runtime.Gosched()
 			}
 		}
+		w.EndPoll(len(wake) == 0) // hand progress back at once if we block
 	}
 	select {
 	case <-wake:
