@@ -195,9 +195,13 @@ func (c *Conn) Start(ep uct.EP, peerID uint32, ctl net.Conn, local, remote net.A
 	if ctl != nil {
 		c.ctlDone = make(chan struct{})
 	}
+	rndv := c.rndvRx.active // an RTS that arrived before Start waits for it
 	c.mu.Unlock()
 	c.flushCtlLocked()
 	c.unlockSend()
+	if rndv {
+		c.kickPull()
+	}
 	if ctl != nil {
 		ctl.SetDeadline(time.Time{}) // handshake deadlines no longer apply
 		go c.watchCtl(ctl)

@@ -921,3 +921,62 @@ func TestEndpointFailed(t *testing.T) {
 		t.Fatal("blocked Read not failed")
 	}
 }
+
+// TestRendezvousBeforeStart: an RTS that reaches a conn before its Start
+// (the writer started first) waits for Start; then the reader gets all of it.
+func TestRendezvousBeforeStart(t *testing.T) { forEachTL(t, testRendezvousBeforeStart) }
+
+func testRendezvousBeforeStart(t *testing.T, tl string) {
+	e := rndvEnv(t, tl)
+	if e.a.mux.rndvThresh == 0 {
+		t.Skipf("%s has no GetZcopy", tl)
+	}
+	c1, err := e.a.mux.NewConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c2, err := e.b.mux.NewConn()
+	if err != nil {
+		t.Fatal(err)
+	}
+	ea, eb, err := connectEPs(e.a, e.b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	x, y := net.Pipe()
+	a1, a2 := Addr{Net: "rdma", Addr: "127.0.0.1:1"}, Addr{Net: "rdma", Addr: "127.0.0.1:2"}
+	if err := c1.Start(ea, c2.ID(), x, a1, a2); err != nil {
+		t.Fatal(err)
+	}
+	defer c1.Close()
+	want := make([]byte, 1<<20+5)
+	rand.New(rand.NewSource(7)).Read(want)
+	errc := make(chan error, 1)
+	go func() {
+		_, err := c1.Write(want)
+		errc <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for !c2.rndvWant.Load() {
+		if time.Now().After(deadline) {
+			t.Fatal("the RTS never reached the unstarted conn")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	time.Sleep(20 * time.Millisecond) // a pull started now would have no EP
+	if err := c2.Start(eb, c1.ID(), y, a2, a1); err != nil {
+		t.Fatal(err)
+	}
+	defer c2.Close()
+	c2.SetReadDeadline(time.Now().Add(20 * time.Second))
+	got := make([]byte, len(want))
+	if _, err := io.ReadFull(c2, got); err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	if err := <-errc; err != nil {
+		t.Fatalf("write: %v", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Fatal("data differs")
+	}
+}

@@ -189,7 +189,7 @@ func (c *Conn) pullChunks(limit int) error {
 	needMemH := c.mux.mdAttr.Flags&uct.MDNeedMemH != 0
 	for limit > 0 {
 		c.mu.Lock()
-		if !r.active || c.closed || c.err != nil || c.released || c.rx.n >= c.mux.window {
+		if !r.active || !c.started || c.closed || c.err != nil || c.released || c.rx.n >= c.mux.window {
 			c.mu.Unlock()
 			return nil
 		}

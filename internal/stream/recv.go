@@ -97,13 +97,16 @@ func (c *Conn) recvRTS(credit uint32, r rts) {
 			rkey: append(c.rndvRx.rkey[:0], r.rkey...)}
 		c.rndvWant.Store(true)
 	}
+	started := c.started
 	c.mu.Unlock()
 	c.wakeAll()
 	if !ok {
 		c.kickCtl()
 		return
 	}
-	c.kickPull() // a blocked Read pulls itself; otherwise the puller works ahead
+	if started { // before Start there is no EP to pull with: Start kicks
+		c.kickPull() // a blocked Read pulls itself; otherwise the puller works ahead
+	}
 }
 
 func (c *Conn) recvATS(credit uint32, token uint32) {
