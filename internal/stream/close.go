@@ -33,7 +33,7 @@ func (c *Conn) watchCtl(ctl net.Conn) {
 		}
 		if err != nil {
 			if !graceful {
-				c.fail(fmt.Errorf("%w (%v)", ErrPeerDied, err))
+				c.fail(fmt.Errorf("%w: liveness channel closed without notice (%v)", ErrPeerDied, err))
 			}
 			return
 		}

@@ -4,14 +4,18 @@ import (
 	"errors"
 	"fmt"
 	"syscall"
+
+	"github.com/gouct/gouct/uct"
 )
 
 // Errors. Conn methods return them wrapped in *net.OpError{Net: "rdma"};
 // errors.Is matches both the sentinel and the errno it wraps.
 var (
 	// ErrPeerDied: the liveness channel closed without the peer's closing
-	// notice (process death, network partition, bootstrap socket reset).
-	ErrPeerDied = &connError{"peer died: liveness channel closed without notice", syscall.ECONNRESET}
+	// notice (process death, network partition, bootstrap socket reset), or
+	// the transport found the peer unreachable (uct.ErrUnreachable: its
+	// iface or process is gone), whichever the survivor noticed first.
+	ErrPeerDied = &connError{"peer died", syscall.ECONNRESET}
 	// ErrPeerClosed: the peer closed the conn; writing to it is refused.
 	ErrPeerClosed = &connError{"peer closed the connection", syscall.EPIPE}
 	// ErrWriteClosed: Write after CloseWrite.
@@ -35,8 +39,12 @@ func (e *connError) Unwrap() error   { return e.errno }
 func (e *connError) Timeout() bool   { return false }
 func (e *connError) Temporary() bool { return false }
 
-// resetBy is the error of a conn reset with code by the peer (remote) or here.
+// resetBy is the error of a conn reset with code by the peer (remote) or
+// here. A local reset caused by an unreachable peer is its death.
 func resetBy(remote bool, code uint32, cause error) error {
+	if !remote && errors.Is(cause, uct.ErrUnreachable) {
+		return fmt.Errorf("%w: transport: %w", ErrPeerDied, cause)
+	}
 	who := "locally"
 	if remote {
 		who = "by peer"
