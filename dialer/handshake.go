@@ -9,7 +9,11 @@ import (
 	"github.com/gouct/gouct/internal/stream"
 	"github.com/gouct/gouct/internal/wire"
 	"github.com/gouct/gouct/uct"
+	"github.com/gouct/gouct/uct/ib"
 )
+
+// rcVerbs is the TL whose device follows the bootstrap IP.
+const rcVerbs = "rc_verbs"
 
 // candidate is one transport offered in the Hello, with what the client
 // prepared for it: a stream conn (its id goes in the Hello) and, for
@@ -40,6 +44,12 @@ func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool, rearm func(
 	r := rt.Get(cfg)
 	tcpOK := rt.TCPAllowed(cfg)
 	allowed := r.Allowed(cfg)
+	// RoCE routes by IP: the rc_verbs device whose GID is the bootstrap
+	// socket's local IP goes first (the server takes the first candidate
+	// its device reaches).
+	if dev := bootstrapDevice(allowed, tc.LocalAddr()); dev != "" {
+		allowed = preferDevice(allowed, dev)
+	}
 	if len(allowed) > wire.MaxCandidates {
 		allowed = allowed[:wire.MaxCandidates]
 	}
@@ -164,6 +174,45 @@ func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool, rearm func(
 	ok = true
 	watch()
 	return sc, nil
+}
+
+// bootstrapDevice returns the RDMA device ("rxe1:1") whose RoCE v2 GID is
+// the IP of a (the bootstrap socket's local address) when ts has an
+// rc_verbs transport, or "" (no rc_verbs transport, loopback or non-IP
+// address, no RDMA device has that IP). It scans the host's RDMA devices
+// (ib.ResourceForIP): once per handshake. Safe for concurrent use.
+func bootstrapDevice(ts []*rt.Transport, a net.Addr) string {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok || ta.IP == nil || ta.IP.IsLoopback() || ta.IP.IsUnspecified() {
+		return ""
+	}
+	for _, t := range ts {
+		if t.TI.Resource.TL == rcVerbs {
+			dev, _, err := ib.ResourceForIP(ta.IP)
+			if err != nil {
+				return ""
+			}
+			return dev
+		}
+	}
+	return ""
+}
+
+// preferDevice returns ts with the rc_verbs transports on device dev first,
+// the others after them in their order. ts is not modified.
+func preferDevice(ts []*rt.Transport, dev string) []*rt.Transport {
+	out := make([]*rt.Transport, 0, len(ts))
+	for _, t := range ts {
+		if t.TI.Resource.TL == rcVerbs && t.TI.Resource.Device == dev {
+			out = append(out, t)
+		}
+	}
+	for _, t := range ts {
+		if t.TI.Resource.TL != rcVerbs || t.TI.Resource.Device != dev {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // prepare allocates the stream conn (and the unconnected EP of a

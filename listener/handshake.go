@@ -11,10 +11,15 @@ import (
 	"github.com/gouct/gouct/internal/rt"
 	"github.com/gouct/gouct/internal/wire"
 	"github.com/gouct/gouct/uct"
+	"github.com/gouct/gouct/uct/ib"
 )
 
-// selectSize is the message size transports are ranked for (uct.Select).
-const selectSize = 1024
+const (
+	// selectSize is the message size transports are ranked for (uct.Select).
+	selectSize = 1024
+	// rcVerbs is the TL whose device follows the bootstrap IP.
+	rcVerbs = "rc_verbs"
+)
 
 var errClosing = errors.New("listener closed")
 
@@ -73,7 +78,8 @@ func (l *Listener) handshake(c *net.TCPConn) (rt.Conn, error) {
 	}
 
 	// Choose: the common candidates, host-local ones only for a peer of
-	// this host and user, ranked by uct.Select (which checks reachability).
+	// this host and user, ranked by uct.Select (which checks reachability),
+	// rc_verbs on the device of the bootstrap socket's IP first (choose).
 	sameHost := h.Host == rt.LocalHost()
 	var usable []*uct.TLIface
 	common := false
@@ -94,7 +100,7 @@ func (l *Listener) handshake(c *net.TCPConn) (rt.Conn, error) {
 	for i, wc := range h.Cands {
 		peer[i] = uct.TLAddress{TL: wc.TL, Device: wc.Device, DevAddr: wc.DevAddr, IfaceAddr: wc.IfaceAddr}
 	}
-	ti, pa, err := uct.Select(usable, peer, selectSize)
+	ti, pa, err := choose(usable, peer, bootstrapDevice(usable, c.LocalAddr()))
 	if err != nil {
 		switch {
 		case len(h.Cands) == 0 && h.Flags&wire.FlagForced != 0:
@@ -229,4 +235,51 @@ func (l *Listener) handshake(c *net.TCPConn) (rt.Conn, error) {
 	ok = true
 	watch()
 	return sc, nil
+}
+
+// choose picks the local iface and the peer address of a conn. uct.Select
+// ranks the transports (shm before rc_verbs for a peer of this host); when
+// it picks rc_verbs and dev, the device whose RoCE v2 GID is the bootstrap
+// socket's local IP, is another usable rc_verbs iface that reaches one of the
+// peer's addresses, the conn runs on dev instead: RoCE routes by IP, so the
+// device on the bootstrap's netdev takes the path the TCP connection took.
+// Among the peer's addresses the first reachable one in the Hello's order
+// wins; the client lists its device for its bootstrap IP first. dev "" (no
+// RDMA device has the IP: loopback, another netdev) keeps uct.Select's choice.
+func choose(usable []*uct.TLIface, peer []uct.TLAddress, dev string) (*uct.TLIface, uct.TLAddress, error) {
+	ti, pa, err := uct.Select(usable, peer, selectSize)
+	if err != nil || dev == "" || ti.Resource.TL != rcVerbs || ti.Resource.Device == dev {
+		return ti, pa, err
+	}
+	for _, u := range usable {
+		if u.Resource.TL != rcVerbs || u.Resource.Device != dev {
+			continue
+		}
+		if ui, upa, err := uct.Select([]*uct.TLIface{u}, peer, selectSize); err == nil {
+			return ui, upa, nil
+		}
+	}
+	return ti, pa, nil
+}
+
+// bootstrapDevice returns the RDMA device ("rxe1:1") whose RoCE v2 GID is
+// the IP of a (the listener side of the bootstrap socket) when ts has an
+// rc_verbs iface, or "" (no rc_verbs iface, loopback or non-IP address, no
+// RDMA device has that IP). It scans the host's RDMA devices
+// (ib.ResourceForIP): once per handshake. Safe for concurrent use.
+func bootstrapDevice(ts []*uct.TLIface, a net.Addr) string {
+	ta, ok := a.(*net.TCPAddr)
+	if !ok || ta.IP == nil || ta.IP.IsLoopback() || ta.IP.IsUnspecified() {
+		return ""
+	}
+	for _, t := range ts {
+		if t.Resource.TL == rcVerbs {
+			dev, _, err := ib.ResourceForIP(ta.IP)
+			if err != nil {
+				return ""
+			}
+			return dev
+		}
+	}
+	return ""
 }
