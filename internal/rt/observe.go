@@ -11,6 +11,7 @@ import (
 
 	"github.com/gouct/gouct/internal/stream"
 	"github.com/gouct/gouct/uct"
+	"github.com/gouct/gouct/uct/ib"
 )
 
 // Process-wide counters, published once as the expvar.Map "rdmanet"
@@ -24,6 +25,13 @@ import (
 //	                    or death, endpoint failure) rather than a clean close
 //	bytes_read          application bytes read, closed and open conns
 //	bytes_written       application bytes written, closed and open conns
+//	registrations_live  RDMA memory registrations of caller memory alive now
+//	                    (rendezvous buffers, per operation): back to its
+//	                    baseline when every conn is closed
+//	registrations_total RDMA memory registrations of caller memory ever made
+//	registered_allocs   registered library buffers alive (MD.MemAlloc: the
+//	                    bounded rendezvous staging pools)
+//	registered_slabs    registered buffer-pool slabs of the open ifaces
 //
 // Counters change once per conn event, never per message: the byte totals
 // are summed from the conns' own counters when read.
@@ -49,6 +57,10 @@ func init() {
 	vars.Set("resets", resets)
 	vars.Set("bytes_read", expvar.Func(func() any { r, _ := liveBytes(); return r }))
 	vars.Set("bytes_written", expvar.Func(func() any { _, w := liveBytes(); return w }))
+	vars.Set("registrations_live", expvar.Func(func() any { return ib.Registrations().Live }))
+	vars.Set("registrations_total", expvar.Func(func() any { return ib.Registrations().Total }))
+	vars.Set("registered_allocs", expvar.Func(func() any { return ib.Registrations().Allocs }))
+	vars.Set("registered_slabs", expvar.Func(func() any { return ib.Registrations().Slabs }))
 }
 
 // Counters is a snapshot of the process-wide counters (see the expvar map
@@ -62,6 +74,10 @@ type Counters struct {
 	Resets            int64
 	BytesRead         uint64
 	BytesWritten      uint64
+	// RDMA memory registrations (uct/ib, every device): registrations of
+	// caller memory (per operation) alive now and ever made, live
+	// registered library buffers (MemAlloc), live buffer-pool slabs.
+	RegistrationsLive, RegistrationsTotal, RegisteredAllocs, RegisteredSlabs int64
 }
 
 // Open is the number of conns open now, every transport.
@@ -85,8 +101,11 @@ func ReadCounters() Counters {
 		return out
 	}
 	r, w := liveBytes()
+	reg := ib.Registrations()
 	return Counters{ConnsOpen: read(connsOpen), ConnsTotal: read(connsTotal), Fallbacks: read(fallbacks),
-		HandshakeFailures: read(hsFailures), Resets: resets.Value(), BytesRead: r, BytesWritten: w}
+		HandshakeFailures: read(hsFailures), Resets: resets.Value(), BytesRead: r, BytesWritten: w,
+		RegistrationsLive: reg.Live, RegistrationsTotal: reg.Total, RegisteredAllocs: reg.Allocs,
+		RegisteredSlabs: reg.Slabs}
 }
 
 func liveBytes() (r, w uint64) {

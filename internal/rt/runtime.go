@@ -19,6 +19,8 @@ import (
 type Transport struct {
 	TI  *uct.TLIface
 	Mux *stream.Mux
+
+	failLogged atomic.Bool
 }
 
 // Name is how conns report the transport: the TL name for host-local
@@ -113,15 +115,38 @@ func open(cfg *uct.Config) *Runtime {
 	return r
 }
 
-// Allowed returns the transports cfg allows, in the runtime's order.
+// Allowed returns the transports cfg allows, in the runtime's order,
+// leaving out those whose iface failed for good (Failed).
 func (r *Runtime) Allowed(cfg *uct.Config) []*Transport {
 	var out []*Transport
 	for _, t := range r.Transports {
-		if cfg.TLAllowed(t.TI.Component, t.TI.Resource.TL) {
-			out = append(out, t)
+		if !cfg.TLAllowed(t.TI.Component, t.TI.Resource.TL) {
+			continue
 		}
+		if err := t.Failed(); err != nil {
+			if !t.failLogged.Swap(true) && r.Log != nil {
+				r.Log.Warn("rdmanet: transport failed, no longer offered", "transport", t.Name(), "err", err)
+			}
+			continue
+		}
+		out = append(out, t)
 	}
 	return out
+}
+
+// failer is implemented by ifaces that can fail for good: an rc_verbs
+// iface whose RDMA device was removed or hit a fatal error.
+type failer interface{ Failed() error }
+
+// Failed returns why the transport's iface is unusable for good (its
+// device was removed), nil while it works: the wireup then stops offering
+// and selecting it, and new conns use another transport (or the TCP
+// fallback). Safe for concurrent use.
+func (t *Transport) Failed() error {
+	if f, ok := t.TI.Iface.(failer); ok {
+		return f.Failed()
+	}
+	return nil
 }
 
 // Offered lists the names of ts, plus "tcp" when tcp is true, for errors.

@@ -32,3 +32,13 @@ func (component) OpenMD(name string, cfg *uct.Config) (uct.MD, error) {
 func ResourceForIP(ip net.IP) (device string, gidIndex int, err error) {
 	return "", -1, fmt.Errorf("%w: %v", uct.ErrUnavailable, ibv.Load())
 }
+
+// TestingEndpointQPs lists nothing without verbs support (see the verbs
+// build's doc). For fault-injection tests only.
+func TestingEndpointQPs() []TestingQP { return nil }
+
+// TestingForceQPError fails with ErrUnavailable without verbs support. For
+// fault-injection tests only.
+func TestingForceQPError(q TestingQP) error {
+	return fmt.Errorf("%w: %v", uct.ErrUnavailable, ibv.Load())
+}

@@ -7,6 +7,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"unsafe"
 
 	"github.com/gouct/gouct/uct"
@@ -53,7 +54,9 @@ type ep struct {
 	i    *iface
 	slot int
 	qp   *ibv.QP
+	qpn  uint32 // qp.QPN, readable without the lock (async events)
 	psn  uint32
+	seq  uint64 // creation order in the process (TestingEndpointQPs)
 
 	mu         sync.Mutex
 	state      epState
@@ -70,8 +73,19 @@ type ep struct {
 	inPend  bool // in iface.pendEPs; guarded by iface.pendMu
 }
 
+// epSeq numbers the endpoints in creation order.
+var epSeq atomic.Uint64
+
 func newEP(i *iface) (*ep, error) {
-	qp, err := i.md.pd.CreateQP(i.scq, i.rcq, i.srq, ibv.QPCaps{MaxSendWR: i.txq, MaxSendSGE: i.maxIOV + 1, MaxInline: i.maxInline})
+	m := i.md
+	// The device lock keeps the CQs, SRQ and PD alive (md.kill releases
+	// them with it held, after marking the MD dead).
+	m.devMu.RLock()
+	defer m.devMu.RUnlock()
+	if m.ctxClosed || m.dead.Load() || i.scq == nil {
+		return nil, fmt.Errorf("ib: create ep: %w", m.gone())
+	}
+	qp, err := m.pd.CreateQP(i.scq, i.rcq, i.srq, ibv.QPCaps{MaxSendWR: i.txq, MaxSendSGE: i.maxIOV + 1, MaxInline: i.maxInline})
 	if err != nil {
 		return nil, fmt.Errorf("ib: create ep: %w", err)
 	}
@@ -81,8 +95,11 @@ func newEP(i *iface) (*ep, error) {
 	}
 	var r [4]byte
 	rand.Read(r[:])
-	e := &ep{i: i, qp: qp, psn: binary.LittleEndian.Uint32(r[:]) & 0xffffff, ops: make([]txOp, i.txq)}
-	i.addEP(e)
+	e := &ep{i: i, qp: qp, qpn: qp.QPN, seq: epSeq.Add(1), psn: binary.LittleEndian.Uint32(r[:]) & 0xffffff, ops: make([]txOp, i.txq)}
+	if err := i.addEP(e); err != nil {
+		qp.Close()
+		return nil, fmt.Errorf("ib: create ep: %w", err)
+	}
 	return e, nil
 }
 
@@ -127,11 +144,21 @@ func (e *ep) ConnectToEP(devAddr, epAddr []byte) error {
 		if st == epClosed {
 			return fmt.Errorf("ib: connect: %w", uct.ErrClosed)
 		}
+		if st == epFailed {
+			return fmt.Errorf("ib: connect: %w", e.err)
+		}
 		return fmt.Errorf("ib: connect: endpoint already connected: %w", uct.ErrInvalidParam)
 	}
 	err := e.qp.ToRTR(&a)
 	if err == nil {
-		err = e.qp.ToRTS(e.psn, qpTimeout, qpRetry, qpRNRRetry, i.rdAtomic)
+		retry := qpRetry
+		if i.port.rxeSW {
+			// Soft-RoCE retries forever with a retry count of 7 (only
+			// the RNR count means that in the spec): 6 bounds it, so
+			// a QP whose peer is gone fails (~0.5 s) instead of hanging.
+			retry = 6
+		}
+		err = e.qp.ToRTS(e.psn, qpTimeout, retry, qpRNRRetry, i.rdAtomic)
 	}
 	if err != nil {
 		e.mu.Unlock()
@@ -497,6 +524,75 @@ func (e *ep) failLocked(err error) {
 	e.qp.ToErr()
 }
 
+// asyncFail fails a live endpoint whose QP the device reports in the error
+// state (an async event, confirmed by querying the QP: the QP number may
+// have been reused): operations in flight complete flushed with err, and
+// IfaceParams.ErrHandler hears of it on the worker. Called by md.check.
+func (e *ep) asyncFail(err error) {
+	e.mu.Lock()
+	if e.state != epConnected && e.state != epCreated {
+		e.mu.Unlock()
+		return
+	}
+	if st, qerr := e.qp.State(); qerr == nil && st != ibv.QPStateErr {
+		e.mu.Unlock()
+		return // a stale event about an earlier QP of the same number
+	}
+	e.failLocked(err)
+	e.mu.Unlock()
+	i := e.i
+	h := i.params.ErrHandler
+	i.w.Post(func() {
+		if h != nil {
+			h(e, err)
+		}
+		e.dispatch() // queued requests see the error
+	})
+}
+
+// kill fails the endpoint for good with err (its device is gone, md.kill):
+// operations in flight and flushes fail with err (ErrCanceled if it was
+// closed), the QP is destroyed, the slot freed. It appends what to fire to
+// fire (completions, and the failure of a live endpoint) and returns it.
+func (e *ep) kill(err error, fire []doneEvent) []doneEvent {
+	e.mu.Lock()
+	opErr := err
+	switch e.state {
+	case epConnected, epCreated:
+		e.state = epFailed
+		e.err = err
+		fire = append(fire, doneEvent{failed: e, err: err})
+	case epFailed:
+		opErr = e.err
+	case epClosed:
+		opErr = fmt.Errorf("ib: %w", uct.ErrCanceled)
+	}
+	if e.destroyed {
+		e.mu.Unlock()
+		return fire
+	}
+	e.destroyed = true
+	for ; e.head != e.tail; e.head++ {
+		op := &e.ops[e.head%uint64(len(e.ops))]
+		if op.bounce != nil {
+			e.i.bounce.put(op.bounce)
+		}
+		if op.comp != nil {
+			fire = append(fire, doneEvent{comp: op.comp, err: opErr})
+		}
+		*op = txOp{}
+	}
+	e.rmaBytes = 0
+	for _, f := range e.flushes {
+		fire = append(fire, doneEvent{comp: f.comp, err: opErr})
+	}
+	e.flushes = nil
+	e.qp.Close()
+	e.mu.Unlock()
+	e.i.removeEP(e)
+	return fire
+}
+
 // Close moves the QP to the error state; operations in flight complete with
 // ErrCanceled and the QP is destroyed once they have. Idempotent.
 func (e *ep) Close() error {
@@ -506,6 +602,11 @@ func (e *ep) Close() error {
 		return nil
 	}
 	e.state = epClosed
+	if e.destroyed { // kill released it with its device
+		e.mu.Unlock()
+		e.pending.Purge(nil)
+		return nil
+	}
 	idle := e.head == e.tail
 	if idle {
 		e.destroyed = true

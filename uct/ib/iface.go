@@ -93,12 +93,14 @@ type iface struct {
 	eps   atomic.Pointer[[]*ep] // by slot, copy on write
 	free  []int
 	alive int
+	dead  error // the device is gone (kill): no new endpoints; guarded by epMu
 
 	pendMu  sync.Mutex
 	pendEPs []*ep
 	pendRun []*ep
 
 	evStarted bool
+	killed    atomic.Bool // the device is gone (md.kill): Progress and Arm do nothing
 	closing   atomic.Bool
 	closeOnce sync.Once
 	closeErr  error
@@ -135,6 +137,11 @@ func newIface(m *md, w *uct.Worker, port *portInfo, tl uct.TLResource, p uct.Ifa
 			err = fmt.Errorf("ib: open iface %s: %w", tl.Device, err)
 		}
 	}()
+	m.devMu.RLock()
+	defer m.devMu.RUnlock()
+	if m.ctxClosed {
+		return nil, m.gone()
+	}
 	if i.ch, err = m.ctx.CreateCompChannel(); err != nil {
 		return nil, err
 	}
@@ -275,13 +282,25 @@ func (i *iface) CreateEP(p uct.EPParams) (uct.EP, error) {
 	if i.closing.Load() {
 		return nil, fmt.Errorf("ib: create ep: %w", uct.ErrClosed)
 	}
+	if err := i.md.Failed(); err != nil {
+		return nil, fmt.Errorf("ib: create ep: %w", err)
+	}
 	return newEP(i)
 }
 
-// addEP gives e a slot; its wr_ids carry the slot so send completions find it.
-func (i *iface) addEP(e *ep) {
+// Failed returns why the iface is unusable for good (its device was
+// removed or failed), nil while it works. The runtime stops offering an
+// iface that failed. Safe for concurrent use.
+func (i *iface) Failed() error { return i.md.Failed() }
+
+// addEP gives e a slot; its wr_ids carry the slot so send completions find
+// it. It fails once the device is gone (kill).
+func (i *iface) addEP(e *ep) error {
 	i.epMu.Lock()
 	defer i.epMu.Unlock()
+	if i.dead != nil {
+		return i.dead
+	}
 	old := *i.eps.Load()
 	n := append([]*ep(nil), old...)
 	if k := len(i.free); k > 0 {
@@ -294,6 +313,7 @@ func (i *iface) addEP(e *ep) {
 	}
 	i.alive++
 	i.eps.Store(&n)
+	return nil
 }
 
 // removeEP frees e's slot once its QP is destroyed (no completion can name it).
@@ -388,8 +408,16 @@ func (i *iface) events(rc syscall.RawConn) {
 			}
 		}
 	}
+	// The read deadline wakes this goroutine every watchPeriod, busy or
+	// idle, to check the device (md.check: async events, removal).
+	i.chFile.SetReadDeadline(time.Now().Add(watchPeriod))
 	for {
 		err := rc.Read(read)
+		if errors.Is(err, os.ErrDeadlineExceeded) && gerr == nil {
+			i.md.check()
+			i.chFile.SetReadDeadline(time.Now().Add(watchPeriod))
+			continue
+		}
 		if err != nil || gerr != nil {
 			return
 		}
@@ -403,8 +431,11 @@ func (i *iface) events(rc syscall.RawConn) {
 // send completions release resources, fire completions and flushes, and
 // dispatch pending requests. Called by the worker.
 func (i *iface) Progress() int {
+	if i.killed.Load() {
+		return 0
+	}
 	i.pollMu.Lock()
-	if i.scq == nil {
+	if i.scq == nil || i.killed.Load() {
 		i.pollMu.Unlock()
 		return 0
 	}
@@ -477,9 +508,12 @@ func (i *iface) handleSend(wcs []ibv.WC) int {
 // completion that arrived before arming raises no event, so Arm keeps it for
 // the next Progress and returns false. Called by the worker.
 func (i *iface) Arm() bool {
+	if i.killed.Load() {
+		return true
+	}
 	i.pollMu.Lock()
 	defer i.pollMu.Unlock()
-	if i.scq == nil {
+	if i.scq == nil || i.killed.Load() {
 		return true
 	}
 	if i.nStashR > 0 || i.nStashS > 0 {
@@ -528,6 +562,51 @@ func (i *iface) Close() error {
 		i.md.ifaceClosed(i)
 	})
 	return i.closeErr
+}
+
+// stop is md.kill's first phase for one iface: progress stops polling
+// (no more handlers or completions), every endpoint fails with err (through
+// IfaceParams.ErrHandler, on the worker) and its QP is destroyed,
+// operations in flight complete with err, and the event goroutine ends.
+// md.kill then releases the CQs, SRQ, channel and buffers (release) with
+// the device lock held. The iface stays registered with its worker, idle,
+// until Close.
+func (i *iface) stop(err error) {
+	i.killed.Store(true)
+	i.pollMu.Lock() // wait out a Progress or Arm in flight
+	i.pollMu.Unlock()
+	i.epMu.Lock()
+	i.dead = err
+	eps := *i.eps.Load()
+	i.epMu.Unlock()
+	var fire []doneEvent
+	for _, e := range eps {
+		if e != nil {
+			fire = e.kill(err, fire)
+		}
+	}
+	// The event goroutine reads the channel: stop it before the channel
+	// goes (stop never runs on it).
+	i.pollMu.Lock()
+	if i.chFile != nil {
+		i.chFile.Close()
+		if i.evStarted {
+			<-i.evDone
+		}
+		i.chFile = nil
+	}
+	i.pollMu.Unlock()
+	h := i.params.ErrHandler
+	i.w.Post(func() {
+		for k := range fire {
+			fire[k].run(h)
+		}
+		for _, e := range eps {
+			if e != nil {
+				e.dispatch() // queued requests see the error
+			}
+		}
+	})
 }
 
 // release frees every verbs resource (called once, without endpoints).

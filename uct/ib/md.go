@@ -5,8 +5,13 @@ package ib
 import (
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"runtime"
+	"strings"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -28,11 +33,24 @@ type md struct {
 	ports []*portInfo
 	why   []error // ports not offered, and why
 
-	mu     sync.Mutex
-	closed bool
-	ifaces map[*iface]struct{}
-	regs   int     // live registrations (leak accounting)
-	free   []*memh // recycled Register handles, at most maxFreeMemh
+	mu      sync.Mutex
+	closed  bool
+	ifaces  map[*iface]struct{}
+	regs    int     // live registrations (leak accounting)
+	free    []*memh // recycled Register handles, at most maxFreeMemh
+	regHead *memh   // live registrations, released by kill
+	deadErr error   // why the device is unusable (removed, fatal); guarded by mu
+	dead    atomic.Bool
+
+	// devMu keeps the PD and context alive: verbs calls on them outside
+	// an endpoint's lock (registration, QP creation, async events) hold it
+	// for reading; kill and Close take it to release them.
+	devMu     sync.RWMutex
+	ctxClosed bool // guarded by devMu
+
+	watchMu sync.Mutex // one device check at a time (TryLock)
+	devPath string     // uverbs sysfs directory: gone once the device is being removed
+	asyncOK bool       // the async event fd is non-blocking: check reads it
 }
 
 // maxFreeMemh bounds the recycled registration handles per MD: a rendezvous
@@ -65,7 +83,199 @@ func openMD(c component, name string, cfg *uct.Config) (*md, error) {
 		}
 		m.ports = append(m.ports, pi)
 	}
+	m.devPath = ctx.DevPath()
+	if !m.registered() {
+		m.devPath = "" // sysfs not readable here: removal goes unnoticed
+	}
+	// Async events are read without blocking by the ifaces' event
+	// goroutines (md.check): libibverbs owns the fd; O_NONBLOCK is all
+	// this changes on it.
+	m.asyncOK = unix.SetNonblock(ctx.AsyncFD(), true) == nil
+	mdsMu.Lock()
+	mds[m] = struct{}{}
+	mdsMu.Unlock()
 	return m, nil
+}
+
+// mds are the open MDs of the process (fault-injection hooks).
+var (
+	mdsMu sync.Mutex
+	mds   = map[*md]struct{}{}
+)
+
+// watchPeriod is how often an iface's event goroutine checks its device
+// (async events, removal) when no completion event woke it meanwhile.
+const watchPeriod = 200 * time.Millisecond
+
+// check drains the device's async events and checks the device is still
+// registered; on a fatal event or removal it releases everything (kill, on
+// a goroutine of its own: it waits for the event goroutines). Called by
+// the ifaces' event goroutines; concurrent calls return at once.
+func (m *md) check() {
+	if !m.watchMu.TryLock() {
+		return
+	}
+	defer m.watchMu.Unlock()
+	if m.dead.Load() {
+		return
+	}
+	if !m.devMu.TryRLock() { // kill holds it
+		return
+	}
+	if m.ctxClosed {
+		m.devMu.RUnlock()
+		return
+	}
+	var fatal error
+	for m.asyncOK {
+		ev, err := m.ctx.GetAsyncEvent()
+		if err != nil {
+			break // EAGAIN: no more events
+		}
+		if err := m.asyncEvent(ev); err != nil && fatal == nil {
+			fatal = err
+		}
+	}
+	if fatal == nil && !m.registered() {
+		fatal = fmt.Errorf("ib: device %s removed: %w", m.name, uct.ErrEndpointReset)
+	}
+	m.devMu.RUnlock()
+	if fatal != nil {
+		go m.kill(fatal)
+	}
+}
+
+// registered reports whether the device is still registered with the
+// kernel: its uverbs sysfs directory exists and still names it (removal
+// deletes the directory first, then waits for every user to close the
+// device, so this is how a process learns it must let go when the driver
+// raises no async event, as Soft-RoCE does).
+func (m *md) registered() bool {
+	if m.devPath == "" {
+		return true
+	}
+	b, err := os.ReadFile(filepath.Join(m.devPath, "ibdev")) // ~100 bytes, 5 times a second
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist)
+	}
+	return strings.TrimSpace(string(b)) == m.name
+}
+
+// asyncEvent handles one async event: a QP error fails its endpoint; a
+// device or CQ/SRQ error returns the error that kills the device. Called
+// by check with devMu held for reading.
+func (m *md) asyncEvent(ev ibv.AsyncEvent) error {
+	switch ev.Type {
+	case ibv.EventDeviceFatal, ibv.EventCQErr, ibv.EventSRQErr:
+		return fmt.Errorf("ib: device %s: %s: %w", m.name, ibv.EventString(ev.Type), uct.ErrEndpointReset)
+	case ibv.EventQPFatal, ibv.EventQPReqErr, ibv.EventQPAccessErr, ibv.EventPathMigErr, ibv.EventQPLastWQE:
+		if e := m.epByQPN(ev.QPN); e != nil {
+			e.asyncFail(fmt.Errorf("ib: QP %#x: %s: %w", ev.QPN, ibv.EventString(ev.Type), uct.ErrEndpointReset))
+		}
+	}
+	return nil
+}
+
+// epByQPN finds a live endpoint of this MD by QP number.
+func (m *md) epByQPN(qpn uint32) *ep {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for i := range m.ifaces {
+		for _, e := range *i.eps.Load() {
+			if e != nil && e.qpn == qpn {
+				return e
+			}
+		}
+	}
+	return nil
+}
+
+// Failed returns why the device is unusable (removed, fatal error), nil
+// while it works. Safe for concurrent use.
+func (m *md) Failed() error {
+	if !m.dead.Load() {
+		return nil
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.deadErr
+}
+
+// kill releases every verbs resource of a device that is gone, so the
+// kernel can finish removing it: each iface fails its endpoints (their
+// conns see err at once, through IfaceParams.ErrHandler) and releases its
+// QPs, CQs, SRQ and buffers; then the live registrations, the PD and the
+// context are released. Handles stay valid: later calls fail with err,
+// Deregister and Close do nothing more. Must not run on an iface's event
+// goroutine (it waits for them).
+func (m *md) kill(err error) {
+	m.mu.Lock()
+	if m.deadErr != nil || m.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.deadErr = err
+	m.dead.Store(true)
+	ifs := make([]*iface, 0, len(m.ifaces))
+	for i := range m.ifaces {
+		ifs = append(ifs, i)
+	}
+	m.mu.Unlock()
+	for _, i := range ifs {
+		i.stop(err)
+	}
+	m.devMu.Lock()
+	defer m.devMu.Unlock()
+	for _, i := range ifs {
+		i.pollMu.Lock()
+		i.release()
+		i.nStashR, i.nStashS = 0, 0
+		i.pollMu.Unlock()
+	}
+	m.mu.Lock()
+	for h := m.regHead; h != nil; {
+		next := h.next
+		h.mr.Close() // the handle stays with its owner until Deregister
+		h.prev, h.next, h.listed = nil, nil, false
+		uncount(h)
+		h = next
+	}
+	m.regHead = nil
+	m.mu.Unlock()
+	m.pd.Close()
+	m.ctx.Close()
+	m.ctxClosed = true
+}
+
+// uncount removes a released registration from RegStats.
+func uncount(h *memh) {
+	if h.alloc {
+		regAllocs.Add(-1)
+	} else {
+		regLive.Add(-1)
+	}
+}
+
+// link adds h to the live registrations. Called with mu held.
+func (m *md) link(h *memh) {
+	h.prev, h.next, h.listed = nil, m.regHead, true
+	if m.regHead != nil {
+		m.regHead.prev = h
+	}
+	m.regHead = h
+}
+
+// unlink removes h from the live registrations. Called with mu held.
+func (m *md) unlink(h *memh) {
+	if h.prev != nil {
+		h.prev.next = h.next
+	} else {
+		m.regHead = h.next
+	}
+	if h.next != nil {
+		h.next.prev = h.prev
+	}
+	h.prev, h.next, h.listed = nil, nil, false
 }
 
 // queryPort reads one port: state, MTU, speed, GIDs (the chosen one per
@@ -120,6 +330,10 @@ type memh struct {
 	mmapped []byte
 	rkey    [4]byte // packed at registration (PackRKey returns a view)
 	pooled  bool    // from md.free: back there at Deregister
+
+	alloc      bool  // from MemAlloc (counted in RegStats.Allocs)
+	prev, next *memh // md.regHead list; guarded by md.mu
+	listed     bool  // in the list: the MR is live (kill releases listed MRs)
 }
 
 // ibvAccess maps uct access to the minimal verbs flags (remote write needs
@@ -162,7 +376,15 @@ func (m *md) Register(b []byte, access uct.Access) (uct.MemH, error) {
 	h.access = access
 	p := unsafe.Pointer(&b[0])
 	h.pin.Pin(p)
+	m.devMu.RLock()
+	if m.ctxClosed {
+		m.devMu.RUnlock()
+		h.pin.Unpin()
+		m.recycle(h)
+		return nil, fmt.Errorf("ib: register %d bytes: %w", len(b), m.gone())
+	}
 	if err := m.pd.RegMRInto(&h.mrv, uintptr(p), len(b), ibvAccess(access)); err != nil {
+		m.devMu.RUnlock()
 		h.pin.Unpin()
 		m.recycle(h)
 		return nil, fmt.Errorf("ib: register %d bytes: %w", len(b), err)
@@ -172,8 +394,20 @@ func (m *md) Register(b []byte, access uct.Access) (uct.MemH, error) {
 	h.rkey = [4]byte{byte(k), byte(k >> 8), byte(k >> 16), byte(k >> 24)}
 	m.mu.Lock()
 	m.regs++
+	m.link(h)
 	m.mu.Unlock()
+	m.devMu.RUnlock()
+	regLive.Add(1)
+	regTotal.Add(1)
 	return h, nil
+}
+
+// gone is the error of an MD whose device was released (kill), else ErrClosed.
+func (m *md) gone() error {
+	if err := m.Failed(); err != nil {
+		return err
+	}
+	return fmt.Errorf("ib: md %s: %w", m.name, uct.ErrClosed)
 }
 
 // recycle keeps a deregistered Register handle for reuse (bounded).
@@ -191,6 +425,9 @@ func (m *md) recycle(h *memh) {
 func (m *md) live() error {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.deadErr != nil {
+		return m.deadErr
+	}
 	if m.closed {
 		return fmt.Errorf("ib: md %s: %w", m.name, uct.ErrClosed)
 	}
@@ -206,12 +443,22 @@ func (m *md) Deregister(mh uct.MemH) error {
 	if h.mr == nil {
 		return nil
 	}
-	err := h.mr.Close()
-	h.mr = nil
-	h.pin.Unpin()
+	var err error
+	m.devMu.RLock()
 	m.mu.Lock()
+	live := h.listed
+	if live {
+		m.unlink(h)
+	}
 	m.regs--
 	m.mu.Unlock()
+	if live { // else kill released it with the device
+		err = h.mr.Close()
+		uncount(h)
+	}
+	m.devMu.RUnlock()
+	h.mr = nil
+	h.pin.Unpin()
 	m.recycle(h)
 	if err != nil {
 		return fmt.Errorf("ib: %w", err)
@@ -250,15 +497,24 @@ func (m *md) MemAlloc(size int) (uct.Mem, error) {
 		return uct.Mem{}, fmt.Errorf("ib: mem alloc %d bytes: %w", size, err)
 	}
 	acc := uct.AccessLocalRead | uct.AccessLocalWrite | uct.AccessRemoteRead | uct.AccessRemoteWrite
+	m.devMu.RLock()
+	defer m.devMu.RUnlock()
+	if m.ctxClosed {
+		unix.Munmap(b)
+		return uct.Mem{}, fmt.Errorf("ib: mem alloc %d bytes: %w", size, m.gone())
+	}
 	mr, err := m.pd.RegMR(uintptr(unsafe.Pointer(&b[0])), size, ibvAccess(acc))
 	if err != nil {
 		unix.Munmap(b)
 		return uct.Mem{}, fmt.Errorf("ib: mem alloc %d bytes: %w", size, err)
 	}
+	h := &memh{mr: mr, access: acc, mmapped: b, alloc: true}
 	m.mu.Lock()
 	m.regs++
+	m.link(h)
 	m.mu.Unlock()
-	return uct.Mem{Buf: b, MemH: &memh{mr: mr, access: acc, mmapped: b}}, nil
+	regAllocs.Add(1)
+	return uct.Mem{Buf: b, MemH: h}, nil
 }
 
 // MemFree deregisters and unmaps memory from MemAlloc.
@@ -348,5 +604,14 @@ func (m *md) Close() error {
 	}
 	m.closed = true
 	m.mu.Unlock()
+	mdsMu.Lock()
+	delete(mds, m)
+	mdsMu.Unlock()
+	m.devMu.Lock()
+	defer m.devMu.Unlock()
+	if m.ctxClosed { // released by kill
+		return nil
+	}
+	m.ctxClosed = true
 	return errors.Join(m.pd.Close(), m.ctx.Close())
 }

@@ -40,10 +40,11 @@ type mpool struct {
 	maxSegs int
 	access  int
 
-	mu    sync.Mutex
-	slabs []*slab
-	free  []*seg
-	inUse int
+	mu     sync.Mutex
+	slabs  []*slab
+	free   []*seg
+	inUse  int
+	closed bool // close ran (the device may be gone): no more slabs
 }
 
 func newMpool(name string, pd *ibv.PD, segSize, perSlab, maxSegs, access int) *mpool {
@@ -55,7 +56,7 @@ func newMpool(name string, pd *ibv.PD, segSize, perSlab, maxSegs, access int) *m
 func (p *mpool) grow() error {
 	total := len(p.slabs) * p.perSlab
 	n := min(p.perSlab, p.maxSegs-total)
-	if n <= 0 {
+	if n <= 0 || p.closed {
 		return uct.ErrNoResource
 	}
 	size := n * p.segSize
@@ -76,6 +77,7 @@ func (p *mpool) grow() error {
 			lkey: mr.LKey, id: uint32(total + i)}
 	}
 	p.slabs = append(p.slabs, s)
+	regSlabs.Add(1)
 	for i := n - 1; i >= 0; i-- {
 		p.free = append(p.free, &s.segs[i])
 	}
@@ -87,6 +89,9 @@ func (p *mpool) grow() error {
 func (p *mpool) get() (*seg, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return nil, fmt.Errorf("ib: %s pool closed: %w", p.name, uct.ErrClosed)
+	}
 	if len(p.free) == 0 {
 		if err := p.grow(); err != nil {
 			return nil, err
@@ -101,7 +106,9 @@ func (p *mpool) get() (*seg, error) {
 // put returns s to the pool.
 func (p *mpool) put(s *seg) {
 	p.mu.Lock()
-	p.free = append(p.free, s)
+	if !p.closed { // after close the memory is unmapped: drop it
+		p.free = append(p.free, s)
+	}
 	p.inUse--
 	p.mu.Unlock()
 }
@@ -110,7 +117,7 @@ func (p *mpool) put(s *seg) {
 func (p *mpool) available() bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.free) > 0 || len(p.slabs)*p.perSlab < p.maxSegs
+	return len(p.free) > 0 || (!p.closed && len(p.slabs)*p.perSlab < p.maxSegs)
 }
 
 // close deregisters and unmaps every slab; segments must not be in use by
@@ -126,7 +133,8 @@ func (p *mpool) close() error {
 		if err := unix.Munmap(s.mem); err != nil && first == nil {
 			first = err
 		}
+		regSlabs.Add(-1)
 	}
-	p.slabs, p.free = nil, nil
+	p.slabs, p.free, p.closed = nil, nil, true
 	return first
 }

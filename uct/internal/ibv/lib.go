@@ -243,3 +243,74 @@ func ForkInit() error {
 	}
 	return nil
 }
+
+// Async event types (enum ibv_event_type) gouct acts on.
+const (
+	EventQPFatal         = C.IBV_EVENT_QP_FATAL
+	EventQPReqErr        = C.IBV_EVENT_QP_REQ_ERR
+	EventQPAccessErr     = C.IBV_EVENT_QP_ACCESS_ERR
+	EventPathMigErr      = C.IBV_EVENT_PATH_MIG_ERR
+	EventQPLastWQE       = C.IBV_EVENT_QP_LAST_WQE_REACHED
+	EventPortActive      = C.IBV_EVENT_PORT_ACTIVE
+	EventPortErr         = C.IBV_EVENT_PORT_ERR
+	EventDeviceFatal     = C.IBV_EVENT_DEVICE_FATAL
+	EventCQErr           = C.IBV_EVENT_CQ_ERR
+	EventSRQErr          = C.IBV_EVENT_SRQ_ERR
+	EventSRQLimitReached = C.IBV_EVENT_SRQ_LIMIT_REACHED
+)
+
+// AsyncEvent is one event of the device's async event queue: its type and
+// the QP number (QP events) or port (port events) it names, else 0.
+type AsyncEvent struct {
+	Type int
+	QPN  uint32
+	Port int
+}
+
+// AsyncFD is the device's async event file descriptor, owned by the
+// context (closed by Close).
+func (c *Context) AsyncFD() int { return int(C.gouct_async_fd(c.p)) }
+
+// DevPath is the device's uverbs sysfs directory
+// (/sys/class/infiniband_verbs/uverbsN): it disappears when the device is
+// being removed, before the kernel waits for users to close it.
+func (c *Context) DevPath() string { return C.GoString(C.gouct_dev_path(c.p)) }
+
+// GetAsyncEvent reads and acknowledges one async event (ibv_get_async_event,
+// ibv_ack_async_event); on a non-blocking fd without events it returns
+// syscall.EAGAIN. Not safe for concurrent use with Close.
+func (c *Context) GetAsyncEvent() (AsyncEvent, error) {
+	var typ, port C.int
+	var qpn C.uint32_t
+	if rc := C.gouct_get_async_event(c.p, &typ, &qpn, &port); rc != 0 {
+		return AsyncEvent{}, syscall.Errno(-rc)
+	}
+	return AsyncEvent{Type: int(typ), QPN: uint32(qpn), Port: int(port)}, nil
+}
+
+// EventString names an async event type.
+func EventString(t int) string {
+	switch t {
+	case EventQPFatal:
+		return "QP fatal"
+	case EventQPReqErr:
+		return "QP invalid request"
+	case EventQPAccessErr:
+		return "QP access error"
+	case EventPathMigErr:
+		return "path migration error"
+	case EventQPLastWQE:
+		return "QP last WQE reached (QP in error)"
+	case EventPortActive:
+		return "port active"
+	case EventPortErr:
+		return "port error"
+	case EventDeviceFatal:
+		return "device fatal"
+	case EventCQErr:
+		return "CQ error"
+	case EventSRQErr:
+		return "SRQ error"
+	}
+	return fmt.Sprintf("async event %d", t)
+}

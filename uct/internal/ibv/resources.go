@@ -357,6 +357,18 @@ func (q *QP) ToErr() error {
 	return nil
 }
 
+// QPStateErr is the error state (IBV_QPS_ERR).
+const QPStateErr = C.IBV_QPS_ERR
+
+// State queries the QP's current state (ibv_query_qp; enum ibv_qp_state).
+func (q *QP) State() (int, error) {
+	rc := C.gouct_qp_state(q.p)
+	if rc < 0 {
+		return 0, fmt.Errorf("ibv_query_qp %#x: %w", q.QPN, syscall.Errno(-rc))
+	}
+	return int(rc), nil
+}
+
 // Send opcodes and flags (enum ibv_wr_opcode, ibv_send_flags).
 const (
 	OpSendImm    = C.IBV_WR_SEND_WITH_IMM

@@ -32,8 +32,11 @@ static int (*f_destroy_srq)(struct ibv_srq *);
 static struct ibv_qp *(*f_create_qp)(struct ibv_pd *, struct ibv_qp_init_attr *);
 static int (*f_destroy_qp)(struct ibv_qp *);
 static int (*f_modify_qp)(struct ibv_qp *, struct ibv_qp_attr *, int);
+static int (*f_query_qp)(struct ibv_qp *, struct ibv_qp_attr *, int, struct ibv_qp_init_attr *);
 static int (*f_fork_init)(void);
 static enum ibv_fork_status (*f_is_fork_initialized)(void);
+static int (*f_get_async_event)(struct ibv_context *, struct ibv_async_event *);
+static void (*f_ack_async_event)(struct ibv_async_event *);
 
 #define REQUIRE(var, name) do { \
 	*(void **)(&var) = dlsym(h, name); \
@@ -72,8 +75,11 @@ int gouct_load(const char *lib, char *err, size_t errlen) {
 	REQUIRE(f_create_qp, "ibv_create_qp");
 	REQUIRE(f_destroy_qp, "ibv_destroy_qp");
 	REQUIRE(f_modify_qp, "ibv_modify_qp");
+	REQUIRE(f_query_qp, "ibv_query_qp");
 	REQUIRE(f_fork_init, "ibv_fork_init");
 	OPTIONAL(f_is_fork_initialized, "ibv_is_fork_initialized");
+	REQUIRE(f_get_async_event, "ibv_get_async_event");
+	REQUIRE(f_ack_async_event, "ibv_ack_async_event");
 	return 0;
 }
 
@@ -229,6 +235,42 @@ int gouct_qp_to_err(struct ibv_qp *qp) {
 	memset(&a, 0, sizeof a);
 	a.qp_state = IBV_QPS_ERR;
 	return f_modify_qp(qp, &a, IBV_QP_STATE);
+}
+
+int gouct_async_fd(struct ibv_context *ctx) { return ctx->async_fd; }
+
+const char *gouct_dev_path(struct ibv_context *ctx) { return ctx->device->dev_path; }
+
+int gouct_get_async_event(struct ibv_context *ctx, int *type, uint32_t *qpn, int *port) {
+	struct ibv_async_event ev;
+	if (f_get_async_event(ctx, &ev) != 0) return errno ? -errno : -EIO;
+	*type = ev.event_type;
+	*qpn = 0;
+	*port = 0;
+	switch (ev.event_type) {
+	case IBV_EVENT_QP_FATAL: case IBV_EVENT_QP_REQ_ERR: case IBV_EVENT_QP_ACCESS_ERR:
+	case IBV_EVENT_COMM_EST: case IBV_EVENT_SQ_DRAINED: case IBV_EVENT_PATH_MIG:
+	case IBV_EVENT_PATH_MIG_ERR: case IBV_EVENT_QP_LAST_WQE_REACHED:
+		*qpn = ev.element.qp->qp_num;
+		break;
+	case IBV_EVENT_PORT_ACTIVE: case IBV_EVENT_PORT_ERR: case IBV_EVENT_LID_CHANGE:
+	case IBV_EVENT_PKEY_CHANGE: case IBV_EVENT_SM_CHANGE: case IBV_EVENT_CLIENT_REREGISTER:
+	case IBV_EVENT_GID_CHANGE:
+		*port = ev.element.port_num;
+		break;
+	default:
+		break;
+	}
+	f_ack_async_event(&ev);
+	return 0;
+}
+
+int gouct_qp_state(struct ibv_qp *qp) {
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	memset(&a, 0, sizeof a);
+	int rc = f_query_qp(qp, &a, IBV_QP_STATE, &ia);
+	return rc ? -rc : (int)a.qp_state;
 }
 
 int gouct_fork_status(void) { return f_is_fork_initialized ? (int)f_is_fork_initialized() : -1; }

@@ -58,6 +58,17 @@ int gouct_qp_rtr(struct ibv_qp *qp, uint8_t port, uint32_t dqpn, uint32_t rq_psn
 int gouct_qp_rts(struct ibv_qp *qp, uint32_t sq_psn, int timeout, int retry, int rnr_retry,
 	int max_rd_atomic);
 int gouct_qp_to_err(struct ibv_qp *qp);
+// gouct_qp_state is the QP's state (enum ibv_qp_state) or -errno.
+int gouct_qp_state(struct ibv_qp *qp);
+
+// Async events: the context's event fd; gouct_get_async_event reads and
+// acknowledges one event (the QP number or port it names, 0 otherwise) and
+// returns 0 or -errno (-EAGAIN on a non-blocking fd without events).
+int gouct_async_fd(struct ibv_context *ctx);
+int gouct_get_async_event(struct ibv_context *ctx, int *type, uint32_t *qpn, int *port);
+// gouct_dev_path is the device's uverbs sysfs directory
+// (/sys/class/infiniband_verbs/uverbsN), owned by the library.
+const char *gouct_dev_path(struct ibv_context *ctx);
 
 int gouct_fork_status(void);  // enum ibv_fork_status, or -1 when unknown
 int gouct_fork_init(void);
