@@ -20,6 +20,17 @@
 // completions arrive in posting order per QP and release resources, fire
 // Completions and flushes, and dispatch pending requests.
 //
+// Faults: a failed completion fails its endpoint (ErrEndpointReset, through
+// IfaceParams.ErrHandler). Each iface's event goroutine also wakes every
+// 200 ms to check its device: QP error async events fail their endpoint
+// (confirmed with ibv_query_qp); a fatal device, CQ or SRQ event, or the
+// device's removal (its uverbs sysfs entry vanishes: Soft-RoCE raises no
+// event, and `rdma link delete` waits until every user has closed the
+// device) fails every endpoint of the MD at once and releases all its
+// verbs resources and registrations (md.kill), after which the iface
+// reports Failed and refuses new endpoints. RegStats counts live
+// registrations for leak checks.
+//
 // Verified on Soft-RoCE in a VM by scripts/vm-test.sh (make test).
 package ib
 
