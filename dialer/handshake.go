@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"sync"
+	"time"
 
 	"github.com/gouct/gouct/internal/rt"
 	"github.com/gouct/gouct/internal/stream"
@@ -68,8 +70,12 @@ func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool, rearm func(
 	if cfg.TLSForced() {
 		h.Flags |= wire.FlagForced
 	}
+	var localIP net.IP
+	if ta, ok := tc.LocalAddr().(*net.TCPAddr); ok {
+		localIP = ta.IP
+	}
 	for _, t := range allowed {
-		c, wc, err := prepare(t)
+		c, wc, err := prepare(t, localIP)
 		if err != nil {
 			// A transport that cannot take a conn now is not offered.
 			continue
@@ -180,7 +186,8 @@ func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool, rearm func(
 // the IP of a (the bootstrap socket's local address) when ts has an
 // rc_verbs transport, or "" (no rc_verbs transport, loopback or non-IP
 // address, no RDMA device has that IP). It scans the host's RDMA devices
-// (ib.ResourceForIP): once per handshake. Safe for concurrent use.
+// (ib.ResourceForIP) at most once per IP and deviceCacheTTL. Safe for
+// concurrent use.
 func bootstrapDevice(ts []*rt.Transport, a net.Addr) string {
 	ta, ok := a.(*net.TCPAddr)
 	if !ok || ta.IP == nil || ta.IP.IsLoopback() || ta.IP.IsUnspecified() {
@@ -188,11 +195,7 @@ func bootstrapDevice(ts []*rt.Transport, a net.Addr) string {
 	}
 	for _, t := range ts {
 		if t.TI.Resource.TL == rcVerbs {
-			dev, _, err := ib.ResourceForIP(ta.IP)
-			if err != nil {
-				return ""
-			}
-			return dev
+			return deviceForIP(ta.IP)
 		}
 	}
 	return ""
@@ -216,8 +219,9 @@ func preferDevice(ts []*rt.Transport, dev string) []*rt.Transport {
 }
 
 // prepare allocates the stream conn (and the unconnected EP of a
-// connect-to-EP transport) for one candidate.
-func prepare(t *rt.Transport) (candidate, wire.Candidate, error) {
+// connect-to-EP transport) for one candidate. An rc_verbs EP takes the
+// RoCE v2 GID of the bootstrap socket's local IP when its port has it.
+func prepare(t *rt.Transport, localIP net.IP) (candidate, wire.Candidate, error) {
 	c := candidate{t: t}
 	sc, err := t.Mux.NewConn()
 	if err != nil {
@@ -231,6 +235,7 @@ func prepare(t *rt.Transport) (candidate, wire.Candidate, error) {
 		ep, err := t.TI.Iface.CreateEP(uct.EPParams{})
 		if err == nil {
 			c.ep = ep
+			ib.UseGIDForIP(ep, localIP)
 			wc.EPAddr, err = ep.Address()
 		}
 		if err != nil {
@@ -280,3 +285,52 @@ type refusedError struct {
 
 func (e *refusedError) Error() string { return e.msg }
 func (e *refusedError) Unwrap() error { return e.sentinel }
+
+// deviceCache remembers which RDMA device has an IP (ib.ResourceForIP opens
+// every device to read its GID table: milliseconds per handshake side,
+// 12-40 ms in the Soft-RoCE VM under -race). Entries expire after
+// deviceCacheTTL, so a GID added or removed is seen within that time;
+// negative answers are cached too (a bootstrap on a netdev without RDMA).
+// At most deviceCacheMax IPs (this host's addresses): full, it starts over.
+var deviceCache = struct {
+	sync.Mutex
+	m map[[16]byte]deviceEntry
+}{m: map[[16]byte]deviceEntry{}}
+
+const (
+	deviceCacheTTL = 10 * time.Second
+	deviceCacheMax = 64
+)
+
+type deviceEntry struct {
+	dev string
+	at  time.Time
+}
+
+// resourceForIP is ib.ResourceForIP; tests replace it.
+var resourceForIP = ib.ResourceForIP
+
+// deviceForIP returns the device whose RoCE v2 GID is ip, or "", through
+// deviceCache. Safe for concurrent use; concurrent misses may both look up.
+func deviceForIP(ip net.IP) string {
+	var k [16]byte
+	copy(k[:], ip.To16())
+	now := time.Now()
+	deviceCache.Lock()
+	e, ok := deviceCache.m[k]
+	deviceCache.Unlock()
+	if ok && now.Sub(e.at) < deviceCacheTTL {
+		return e.dev
+	}
+	dev, _, err := resourceForIP(ip)
+	if err != nil {
+		dev = ""
+	}
+	deviceCache.Lock()
+	if len(deviceCache.m) >= deviceCacheMax {
+		clear(deviceCache.m)
+	}
+	deviceCache.m[k] = deviceEntry{dev: dev, at: now}
+	deviceCache.Unlock()
+	return dev
+}

@@ -56,6 +56,7 @@ func TestPreferDevice(t *testing.T) {
 // TestBootstrapDeviceNoLookup: addresses no RDMA device can have, and
 // transport lists without rc_verbs, give no device.
 func TestBootstrapDeviceNoLookup(t *testing.T) {
+	calls := fakeLookup(t, map[string]string{"10.77.0.1": "rxe0:1"})
 	rc := []*rt.Transport{tr("rc_verbs", "rxe0:1")}
 	for _, tc := range []struct {
 		name string
@@ -73,5 +74,95 @@ func TestBootstrapDeviceNoLookup(t *testing.T) {
 		if dev := bootstrapDevice(tc.ts, tc.a); dev != "" {
 			t.Errorf("%s: bootstrapDevice = %q, want none", tc.name, dev)
 		}
+	}
+	if *calls != 0 {
+		t.Errorf("%d device lookups, want none", *calls)
+	}
+}
+
+// fakeLookup replaces resourceForIP for a test with a table lookup that
+// counts its calls, and empties the cache.
+func fakeLookup(t *testing.T, devs map[string]string) *int {
+	t.Helper()
+	calls := new(int)
+	old := resourceForIP
+	resourceForIP = func(ip net.IP) (string, int, error) {
+		*calls++
+		if d, ok := devs[ip.String()]; ok {
+			return d, 1, nil
+		}
+		return "", -1, uct.ErrUnavailable
+	}
+	clearCache := func() {
+		deviceCache.Lock()
+		clear(deviceCache.m)
+		deviceCache.Unlock()
+	}
+	clearCache()
+	t.Cleanup(func() { resourceForIP = old; clearCache() })
+	return calls
+}
+
+// TestDeviceForIPCache: one device lookup per IP (IPv4 in either form)
+// until the entry expires, negative answers included; the cache stays
+// bounded.
+func TestDeviceForIPCache(t *testing.T) {
+	calls := fakeLookup(t, map[string]string{"10.78.0.1": "rxe1:1"})
+	ip := net.ParseIP("10.78.0.1")
+	for _, x := range []net.IP{ip, ip.To4(), ip} {
+		if d := deviceForIP(x); d != "rxe1:1" {
+			t.Fatalf("deviceForIP(%v) = %q", x, d)
+		}
+	}
+	if *calls != 1 {
+		t.Fatalf("%d lookups for one IP, want 1", *calls)
+	}
+	other := net.ParseIP("192.0.2.1")
+	for range 3 {
+		if d := deviceForIP(other); d != "" {
+			t.Fatalf("deviceForIP(%v) = %q, want none", other, d)
+		}
+	}
+	if *calls != 2 {
+		t.Fatalf("%d lookups, want 2 (a negative answer is cached)", *calls)
+	}
+	// An expired entry is looked up again.
+	var k [16]byte
+	copy(k[:], ip.To16())
+	deviceCache.Lock()
+	e := deviceCache.m[k]
+	e.at = e.at.Add(-deviceCacheTTL)
+	deviceCache.m[k] = e
+	deviceCache.Unlock()
+	if d := deviceForIP(ip); d != "rxe1:1" || *calls != 3 {
+		t.Fatalf("after expiry: %q with %d lookups, want rxe1:1 with 3", d, *calls)
+	}
+	for i := range 3 * deviceCacheMax {
+		deviceForIP(net.IPv4(10, 1, byte(i>>8), byte(i)))
+		deviceCache.Lock()
+		n := len(deviceCache.m)
+		deviceCache.Unlock()
+		if n > deviceCacheMax {
+			t.Fatalf("cache holds %d IPs, max %d", n, deviceCacheMax)
+		}
+	}
+}
+
+// TestBootstrapDevice: the device of the socket's IP when there is an
+// rc_verbs transport, whatever the IP's form.
+func TestBootstrapDevice(t *testing.T) {
+	fakeLookup(t, map[string]string{"10.78.0.1": "rxe1:1", "fe80::1": "rxe1:1"})
+	ts := []*rt.Transport{tr("rc_verbs", "rxe1:1"), tr("shm", "memory")}
+	for _, a := range []*net.TCPAddr{
+		{IP: net.ParseIP("10.78.0.1"), Port: 1},
+		{IP: net.IPv4(10, 78, 0, 1).To4(), Port: 1},
+		{IP: net.ParseIP("fe80::1"), Port: 1, Zone: "rxeveth0"},
+	} {
+		if d := bootstrapDevice(ts, a); d != "rxe1:1" {
+			t.Errorf("bootstrapDevice(%v) = %q, want rxe1:1", a, d)
+		}
+	}
+	if d := bootstrapDevice(ts, &net.TCPAddr{IP: net.ParseIP("10.78.0.2")}); d != "" {
+		t.Errorf("bootstrapDevice(10.78.0.2) = %q, want none", d)
 	}
 }

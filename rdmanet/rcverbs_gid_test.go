@@ -91,7 +91,9 @@ func TestRCVerbsDeviceForBootstrapIP(t *testing.T) {
 	c := rcVerbsConfig(t)
 	needRXETopology(t, c)
 	devs := maps.Clone(rxeTopology)
-	// rxe1's netdev also has an IPv6 link-local address (a GID of rxe1 too).
+	// rxe1's netdev also has an IPv6 link-local address, a GID of rxe1 too:
+	// a bootstrap on it runs the QPs on that GID (ib.UseGIDForIP), not on
+	// the port's IPv4 one.
 	ll, zone := linkLocal(t, "10.78.0.1")
 	devs[ll.String()] = "rxe1:1"
 	llz := ll.String() + "%" + zone

@@ -42,3 +42,7 @@ func TestingEndpointQPs() []TestingQP { return nil }
 func TestingForceQPError(q TestingQP) error {
 	return fmt.Errorf("%w: %v", uct.ErrUnavailable, ibv.Load())
 }
+
+// UseGIDForIP does nothing without verbs support: there are no rc_verbs
+// endpoints.
+func UseGIDForIP(x uct.EP, ip net.IP) bool { return false }

@@ -56,7 +56,8 @@ type ep struct {
 	qp   *ibv.QP
 	qpn  uint32 // qp.QPN, readable without the lock (async events)
 	psn  uint32
-	seq  uint64 // creation order in the process (TestingEndpointQPs)
+	gid  ibv.GIDEntry // source GID: the port's, or the bootstrap IP's (UseGIDForIP)
+	seq  uint64       // creation order in the process (TestingEndpointQPs)
 
 	mu         sync.Mutex
 	state      epState
@@ -95,7 +96,7 @@ func newEP(i *iface) (*ep, error) {
 	}
 	var r [4]byte
 	rand.Read(r[:])
-	e := &ep{i: i, qp: qp, qpn: qp.QPN, seq: epSeq.Add(1), psn: binary.LittleEndian.Uint32(r[:]) & 0xffffff, ops: make([]txOp, i.txq)}
+	e := &ep{i: i, qp: qp, qpn: qp.QPN, seq: epSeq.Add(1), psn: binary.LittleEndian.Uint32(r[:]) & 0xffffff, gid: i.port.gid, ops: make([]txOp, i.txq)}
 	if err := i.addEP(e); err != nil {
 		qp.Close()
 		return nil, fmt.Errorf("ib: create ep: %w", err)
@@ -109,7 +110,7 @@ func (e *ep) Address() ([]byte, error) {
 	b := make([]byte, epAddrLen)
 	binary.LittleEndian.PutUint32(b[0:], e.qp.QPN)
 	binary.LittleEndian.PutUint32(b[4:], e.psn)
-	copy(b[8:24], i.port.gid.GID[:])
+	copy(b[8:24], e.gid.GID[:])
 	binary.LittleEndian.PutUint16(b[24:], i.port.attr.LID)
 	b[26] = byte(i.port.attr.ActiveMTU)
 	return b, nil
@@ -132,11 +133,11 @@ func (e *ep) ConnectToEP(devAddr, epAddr []byte) error {
 	}
 	a := ibv.RTRAttr{Port: i.port.num, DestQPN: binary.LittleEndian.Uint32(epAddr[0:]) & 0xffffff,
 		RQPSN: binary.LittleEndian.Uint32(epAddr[4:]) & 0xffffff, MTU: mtu,
-		DLID: binary.LittleEndian.Uint16(epAddr[24:]), SGIDIndex: i.port.gid.Index,
+		DLID: binary.LittleEndian.Uint16(epAddr[24:]), SGIDIndex: e.gid.Index,
 		MaxDestRdAt: i.rdAtomic, MinRNRTimer: minRNRTimer}
 	copy(a.DGID[:], epAddr[8:24])
 	// RoCE always routes with a GRH; InfiniBand only across subnets.
-	a.Global = i.port.attr.LinkLayer == ibv.LinkLayerEthernet || string(a.DGID[:8]) != string(i.port.gid.GID[:8])
+	a.Global = i.port.attr.LinkLayer == ibv.LinkLayerEthernet || string(a.DGID[:8]) != string(e.gid.GID[:8])
 	e.mu.Lock()
 	if e.state != epCreated {
 		st := e.state
