@@ -38,7 +38,8 @@ type Worker struct {
 	done      chan struct{}
 	closeOnce sync.Once
 
-	pollers atomic.Int32 // goroutines spinning on TryProgress (BeginPoll)
+	pollers  atomic.Int32 // goroutines spinning on TryProgress (BeginPoll)
+	keepSpin atomic.Int32 // attached ifaces with IfaceAttr.MinSpin: poll even under CPU pressure
 
 	wakeAt   atomic.Int64 // monotonic ns of the Wake that ended the last sleep
 	wakeCost atomic.Int64 // EWMA of wake-up latency in ns (adapts the spin)
@@ -75,6 +76,9 @@ func (w *Worker) Add(i Iface) {
 	copy(n, old)
 	n = append(n, i)
 	w.ifaces.Store(&n)
+	if i.Attr().MinSpin > 0 {
+		w.keepSpin.Add(1)
+	}
 	w.mu.Unlock()
 	w.Wake()
 }
@@ -88,6 +92,8 @@ func (w *Worker) Remove(i Iface) {
 	for _, x := range old {
 		if x != i {
 			n = append(n, x)
+		} else if i.Attr().MinSpin > 0 {
+			w.keepSpin.Add(-1)
 		}
 	}
 	w.ifaces.Store(&n)
@@ -198,10 +204,11 @@ func (w *Worker) armAll() bool {
 
 // spinBudget adapts the spin to about twice the measured wake-up cost
 // (DESIGN.md "Calibration"), never below the configured budget and at most
-// 1 ms; 0 while the host's CPUs are oversubscribed (Config.SpinPressure).
+// 1 ms; 0 while the host's CPUs are oversubscribed (Config.SpinPressure),
+// unless an iface asks for polling (IfaceAttr.MinSpin).
 func (w *Worker) spinBudget() int64 {
 	s := int64(w.spin)
-	if s == 0 || cpuPressure.contended(w.cfg.SpinPressure) {
+	if s == 0 || (w.keepSpin.Load() == 0 && cpuPressure.contended(w.cfg.SpinPressure)) {
 		return 0
 	}
 	if c := 2 * w.wakeCost.Load(); c > s {

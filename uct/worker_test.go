@@ -17,6 +17,8 @@ type fakeIface struct {
 	armed   atomic.Bool
 }
 
+func (f *fakeIface) Attr() IfaceAttr { return IfaceAttr{} }
+
 func (f *fakeIface) Progress() int {
 	f.polls.Add(1)
 	n := int(f.pending.Swap(0))

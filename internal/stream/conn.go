@@ -287,9 +287,10 @@ func (c *Conn) closeDone() { c.doneOnce.Do(func() { close(c.done) }) }
 // first polls the transport itself for cfg.ReadSpin (the fast path for
 // ping-pong traffic, DESIGN.md "Calibration"), yielding every few polls,
 // then parks; it parks at once while the host's CPUs are oversubscribed
-// (uct.Worker.SpinAllowed). nil channels are never ready.
+// (uct.Worker.SpinAllowed), unless the transport's events wake it slowly
+// (IfaceAttr.MinSpin). nil channels are never ready.
 func (c *Conn) wait(wake chan struct{}, dl, done <-chan struct{}) {
-	if spin := c.mux.cfg.ReadSpin; spin > 0 && len(wake) == 0 && c.mux.w.SpinAllowed() {
+	if spin := c.mux.cfg.ReadSpin; spin > 0 && len(wake) == 0 && (c.mux.keepSpin || c.mux.w.SpinAllowed()) {
 		w := c.mux.w
 		w.BeginPoll() // the worker parks while we poll
 		start := time.Now()

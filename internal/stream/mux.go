@@ -26,6 +26,7 @@ type Mux struct {
 	maxRndv    int // largest rendezvous (the MD's largest registration); 0: no limit
 	directMin  int // Read size from which a rendezvous pull lands in the Read buffer
 	window     int
+	keepSpin   bool // the iface's events wake waiters slowly: poll even under CPU pressure
 
 	chunks chunkPool
 	stages stagePool
@@ -61,6 +62,7 @@ func NewMux(w *uct.Worker, ti *uct.TLIface, cfg *uct.Config) (*Mux, error) {
 		return nil, fmt.Errorf("stream: %s: %w", ti.Name(), uct.NotSupported("active messages (am_short or am_bcopy)"))
 	}
 	m.window = min(max(cfg.RxWindow, initialCredit), 1<<30)
+	m.keepSpin = a.MinSpin > 0
 	m.rndvThresh = rndvThreshold(cfg, a, m.mdAttr, m.maxFrag, ti.Resource.Type)
 	m.directMin = max(m.rndvThresh, 64<<10)
 	if r := m.mdAttr.MaxReg; r > 0 && r < 1<<40 {
