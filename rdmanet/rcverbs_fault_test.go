@@ -127,10 +127,11 @@ func clearErr(t *testing.T, what string, ch chan result, fault time.Time) {
 }
 
 // TestRCVerbsQPError: the QP of one live conn is moved to the error state
-// behind the transport's back (ib.TestingForceQPError). Its blocked Read
-// and Write fail promptly with a conn error, the peer conn fails too, a
-// conn on the same iface keeps echoing, the listener keeps accepting
-// rc_verbs conns, and the live registrations return to their baseline.
+// (ib.TestingForceQPError). Its blocked Read and Write fail promptly with a
+// conn error; the peer conn fails too (at once if it touches the dead QP,
+// else once the failed conn is closed); a conn on the same iface keeps
+// echoing, the listener keeps accepting rc_verbs conns, and the live
+// registrations return to their baseline.
 func TestRCVerbsQPError(t *testing.T) {
 	c := rcVerbsConfig(t)
 	l := listenRXE(t, c)
@@ -189,9 +190,20 @@ func TestRCVerbsQPError(t *testing.T) {
 	}
 	clearErr(t, "blocked Read", rd, fault)
 	clearErr(t, "blocked Write", wr, fault)
-	// The peer's Read pulls v1's pending rendezvous write from v1's dead
-	// QP: its READ gets no answer and its endpoint fails too.
-	clearErr(t, "peer Read", blockedRead(v2), fault)
+	// The peer fails when it touches v1's dead QP (it pulls v1's pending
+	// rendezvous write, if the RTS left before the fault: the READ gets no
+	// answer), else when v1 is closed, as an application does on an
+	// error: the liveness channel tells it.
+	pr := blockedRead(v2)
+	select {
+	case r := <-pr:
+		t.Logf("peer failed before the victim's Close: %v", r.err)
+		pr <- r
+	case <-time.After(time.Second):
+	}
+	closed := time.Now()
+	v1.Close()
+	clearErr(t, "peer Read (bound from the victim's Close)", pr, closed)
 	if _, err := v2.Write([]byte("x")); err == nil {
 		t.Error("peer Write after the fault: no error")
 	}
