@@ -16,8 +16,12 @@ import (
 // under load a spinning transport becomes slower than blocking TCP. Linux
 // reports the waiting as pressure stall information (/proc/pressure/cpu,
 // "some" total: µs during which at least one runnable task waited for a CPU).
-// The worker and blocked Reads ask Contended before they spin; above
-// Config.SpinPressure they park at once and rely on the transports' events.
+// Pressure alone is not enough: a niced batch job stalls too, yet takes
+// nothing from us. So the worker and blocked Reads also report how their
+// spins end (the event came, or the budget ran out), and polling stops only
+// while pressure is above Config.SpinPressure and most spins fail; they then
+// park at once and rely on the transports' events, with one spin in
+// probeEvery kept as a probe.
 //
 // Sampling is lazy: the first caller after the sample period reads the file
 // (one pread on a descriptor kept open), so an idle process reads nothing.
@@ -34,6 +38,10 @@ type pressure struct {
 	level  atomic.Int64 // EWMA of the stall share, per mille
 	high   atomic.Bool  // above the threshold (with hysteresis)
 	buf    [256]byte
+
+	missRate atomic.Int64  // EWMA of spins that ended without their event, per mille
+	probes   atomic.Uint32 // spins asked for while polling is off
+
 }
 
 var cpuPressure pressure
@@ -118,10 +126,36 @@ func (p *pressure) contended(pct int) bool {
 	return p.high.Load()
 }
 
+// probeEvery: while polling is off, one spin request in probeEvery is
+// granted, to notice that spins pay again under lasting pressure.
+const probeEvery = 16
+
+// allowSpin reports whether a waiter may spin now (see the file comment).
+func (p *pressure) allowSpin(pct int) bool {
+	if !p.contended(pct) || p.missRate.Load() < 500 {
+		return true
+	}
+	return p.probes.Add(1)%probeEvery == 0
+}
+
+// spinOutcome feeds the miss rate; racy updates may lose a sample, which
+// an average tolerates.
+func (p *pressure) spinOutcome(hit bool) {
+	x := int64(1000)
+	if hit {
+		x = 0
+	}
+	old := p.missRate.Load()
+	p.missRate.Store(old + (x-old)/16)
+}
+
 // CPUPressure returns the smoothed share of time, per mille, during which
 // runnable tasks on this host waited for a CPU, as last sampled by a
 // spinning worker or Read (0 before any sample, or where /proc/pressure/cpu
-// does not exist), and whether polling is currently off because of it.
-func CPUPressure() (permille int, pollingOff bool) {
-	return int(cpuPressure.level.Load()), cpuPressure.high.Load()
+// does not exist); the share of recent spins, per mille, that ended without
+// their event; and whether polling is currently off (both high).
+func CPUPressure() (permille, missPermille int, pollingOff bool) {
+	p := &cpuPressure
+	miss := p.missRate.Load()
+	return int(p.level.Load()), int(miss), p.high.Load() && miss >= 500
 }

@@ -29,18 +29,26 @@ func TestParsePressureTotal(t *testing.T) {
 	}
 }
 
-// TestSpinOffUnderCPUPressure: with more busy processes than CPUs, the
-// worker and blocked Reads stop polling within a few samples (where the
-// kernel reports pressure stall information at all).
+// TestSpinOffUnderCPUPressure: with more busy processes than CPUs, and
+// spins that keep failing, the worker and blocked Reads stop polling but for
+// the odd probe; spins that succeed keep polling on (where the kernel
+// reports pressure stall information at all).
 func TestSpinOffUnderCPUPressure(t *testing.T) {
 	if _, err := os.Stat("/proc/pressure/cpu"); err != nil {
 		t.Skip("no /proc/pressure/cpu on this kernel:", err)
 	}
 	w := NewWorker(nil)
 	defer w.Close()
-	if w.Config().SpinPressure <= 0 {
+	pct := w.Config().SpinPressure
+	if pct <= 0 {
 		t.Fatal("SpinPressure default disables the check")
 	}
+	outcomes := func(hit bool) {
+		for i := 0; i < 128; i++ {
+			w.SpinDone(hit)
+		}
+	}
+	defer outcomes(true) // leave the process-wide state as a quiet host has it
 	var hogs []*exec.Cmd
 	for i := 0; i < 2*runtime.NumCPU()+1; i++ {
 		c := exec.Command("sh", "-c", "while :; do :; done")
@@ -56,18 +64,36 @@ func TestSpinOffUnderCPUPressure(t *testing.T) {
 		}
 	}()
 	deadline := time.Now().Add(5 * time.Second)
-	for w.SpinAllowed() {
+	for !cpuPressure.contended(pct) {
 		if time.Now().After(deadline) {
-			lv, _ := CPUPressure()
-			t.Fatalf("polling still allowed with %d CPU hogs on %d CPUs (pressure %d‰)", len(hogs), runtime.NumCPU(), lv)
+			lv, _, _ := CPUPressure()
+			t.Fatalf("no pressure seen with %d CPU hogs on %d CPUs (%d‰)", len(hogs), runtime.NumCPU(), lv)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
-	if w.spinBudget() != 0 {
-		t.Error("worker spin budget non-zero under pressure")
+	// Spins that pay: polling stays on under pressure.
+	outcomes(true)
+	for i := 0; i < 64; i++ {
+		if !w.SpinAllowed() {
+			t.Fatal("polling stopped under pressure although spins succeed")
+		}
 	}
-	if lv, off := CPUPressure(); !off || lv <= 0 {
-		t.Errorf("CPUPressure() = %d, %v under pressure", lv, off)
+	// Spins that fail: off, but for one probe in probeEvery.
+	outcomes(false)
+	allowed := 0
+	for i := 0; i < 8*probeEvery; i++ {
+		if w.SpinAllowed() {
+			allowed++
+		}
+	}
+	if allowed < 1 || allowed > 8+1 {
+		t.Errorf("%d of %d spins allowed under pressure with failing spins, want about %d probes", allowed, 8*probeEvery, 8)
+	}
+	if w.spinBudget() != 0 && w.spinBudget() != 0 {
+		t.Error("worker spin budget non-zero under pressure with failing spins")
+	}
+	if lv, miss, off := CPUPressure(); !off || lv <= 0 || miss < 500 {
+		t.Errorf("CPUPressure() = %d, %d, %v under pressure with failing spins", lv, miss, off)
 	}
 	// Disabled: always allowed.
 	cfg := DefaultConfig()

@@ -142,10 +142,16 @@ func (w *Worker) EndPoll(blocking bool) {
 }
 
 // SpinAllowed reports whether a goroutine about to block may poll first:
-// false while the host's CPUs are oversubscribed (Config.SpinPressure), when
-// polling steals the CPU the event it waits for needs. Safe from any
-// goroutine; two atomic loads between samples.
-func (w *Worker) SpinAllowed() bool { return !cpuPressure.contended(w.cfg.SpinPressure) }
+// false while the host's CPUs are oversubscribed (Config.SpinPressure) and
+// recent spins mostly ended without their event, when polling steals the
+// CPU the awaited event needs; now and then it grants a probe. A caller
+// that spins reports the outcome with SpinDone. Safe from any goroutine;
+// two atomic loads between pressure samples.
+func (w *Worker) SpinAllowed() bool { return cpuPressure.allowSpin(w.cfg.SpinPressure) }
+
+// SpinDone reports how a spin allowed by SpinAllowed ended: hit when its
+// event arrived while it polled.
+func (w *Worker) SpinDone(hit bool) { cpuPressure.spinOutcome(hit) }
 
 // Progress polls every iface once under the progress lock and returns the
 // number of events handled.
@@ -204,11 +210,12 @@ func (w *Worker) armAll() bool {
 
 // spinBudget adapts the spin to about twice the measured wake-up cost
 // (DESIGN.md "Calibration"), never below the configured budget and at most
-// 1 ms; 0 while the host's CPUs are oversubscribed (Config.SpinPressure),
-// unless an iface asks for polling (IfaceAttr.MinSpin).
+// 1 ms; 0 while the host's CPUs are oversubscribed (Config.SpinPressure)
+// and spins mostly fail, unless an iface asks for polling (IfaceAttr.MinSpin).
+// Called once per spin episode (it may grant a probe).
 func (w *Worker) spinBudget() int64 {
 	s := int64(w.spin)
-	if s == 0 || (w.keepSpin.Load() == 0 && cpuPressure.contended(w.cfg.SpinPressure)) {
+	if s == 0 || (w.keepSpin.Load() == 0 && !cpuPressure.allowSpin(w.cfg.SpinPressure)) {
 		return 0
 	}
 	if c := 2 * w.wakeCost.Load(); c > s {
@@ -257,15 +264,21 @@ func (w *Worker) run() {
 	defer timer.Stop()
 	last := nanotime()
 	empty := 0
+	var budget int64
+	spinning := false // a spin episode runs: its outcome is reported once
 	for !w.closing.Load() {
 		if w.Progress() > 0 {
+			if spinning {
+				cpuPressure.spinOutcome(true)
+				spinning = false
+			}
 			empty = 0
 			last = -1
 			continue
 		}
 		if w.pollers.Load() > 0 {
 			w.yieldToPollers(timer)
-			empty, last = 0, -1
+			empty, last, spinning = 0, -1, false
 			continue
 		}
 		empty++
@@ -274,11 +287,17 @@ func (w *Worker) run() {
 		}
 		runtime.Gosched()
 		now := nanotime()
-		if last < 0 {
+		if last < 0 { // the first polls after an event found nothing: spin?
 			last = now
+			budget = w.spinBudget()
+			spinning = budget > 0
 		}
-		if now-last < w.spinBudget() {
+		if now-last < budget {
 			continue
+		}
+		if spinning {
+			cpuPressure.spinOutcome(false)
+			spinning = false
 		}
 		// Park (lost-wakeup safe): announce sleep, arm every iface (each
 		// re-checks for pending events), then block; a waker that flips

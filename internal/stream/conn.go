@@ -286,24 +286,33 @@ func (c *Conn) closeDone() { c.doneOnce.Do(func() { close(c.done) }) }
 // wait blocks until wake is signalled, dl or done closes. A blocked caller
 // first polls the transport itself for cfg.ReadSpin (the fast path for
 // ping-pong traffic, DESIGN.md "Calibration"), yielding every few polls,
-// then parks; it parks at once while the host's CPUs are oversubscribed
-// (uct.Worker.SpinAllowed), unless the transport's events wake it slowly
-// (IfaceAttr.MinSpin). nil channels are never ready.
+// then parks; it parks at once while the host's CPUs are oversubscribed and
+// spins mostly fail (uct.Worker.SpinAllowed), unless the transport's events
+// wake it slowly (IfaceAttr.MinSpin). nil channels are never ready.
 func (c *Conn) wait(wake chan struct{}, dl, done <-chan struct{}) {
 	if spin := c.mux.cfg.ReadSpin; spin > 0 && len(wake) == 0 && (c.mux.keepSpin || c.mux.w.SpinAllowed()) {
 		w := c.mux.w
 		w.BeginPoll() // the worker parks while we poll
 		start := time.Now()
+		expired := false
 		for i := 1; len(wake) == 0; i++ {
 			w.TryProgress()
 			if i&7 == 0 {
-				if time.Since(start) > spin || closedChan(dl) || closedChan(done) {
+				if closedChan(dl) || closedChan(done) {
+					break
+				}
+				if time.Since(start) > spin {
+					expired = true
 					break
 				}
 				runtime.Gosched()
 			}
 		}
-		w.EndPoll(len(wake) == 0) // hand progress back at once if we block
+		hit := len(wake) > 0
+		w.EndPoll(!hit) // hand progress back at once if we block
+		if hit || expired {
+			w.SpinDone(hit)
+		}
 	}
 	select {
 	case <-wake:
