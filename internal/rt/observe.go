@@ -32,6 +32,10 @@ import (
 //	registered_allocs   registered library buffers alive (MD.MemAlloc: the
 //	                    bounded rendezvous staging pools)
 //	registered_slabs    registered buffer-pool slabs of the open ifaces
+//	cpu_pressure        host CPU pressure last sampled, per mille of time
+//	                    runnable tasks waited for a CPU (uct.CPUPressure)
+//	spin_miss           per mille of recent spins that ended without their event
+//	polling_off         1 while waiters park at once instead of polling (both high)
 //
 // Counters change once per conn event, never per message: the byte totals
 // are summed from the conns' own counters when read.
@@ -61,6 +65,14 @@ func init() {
 	vars.Set("registrations_total", expvar.Func(func() any { return ib.Registrations().Total }))
 	vars.Set("registered_allocs", expvar.Func(func() any { return ib.Registrations().Allocs }))
 	vars.Set("registered_slabs", expvar.Func(func() any { return ib.Registrations().Slabs }))
+	vars.Set("cpu_pressure", expvar.Func(func() any { p, _, _ := uct.CPUPressure(); return p }))
+	vars.Set("spin_miss", expvar.Func(func() any { _, m, _ := uct.CPUPressure(); return m }))
+	vars.Set("polling_off", expvar.Func(func() any {
+		if _, _, off := uct.CPUPressure(); off {
+			return 1
+		}
+		return 0
+	}))
 }
 
 // Counters is a snapshot of the process-wide counters (see the expvar map
