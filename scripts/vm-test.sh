@@ -33,7 +33,14 @@ TESTS=(
   # Conn level over rc_verbs with every rxe device open (uct.Select must pick
   # a reachable pair), bootstrap on the rxe netdev IP: nettest, two-process
   # echo and gRPC (plain and TLS).
-  "rdmanet ./rdmanet RDMANET_TLS=rc_verbs -test.run=^TestRCVerbs(NetIP|TwoProcess)$"
+  # TestRCVerbsDeviceForBootstrapIP: with rxe0, rxe1, rxe2 open, each conn
+  # runs on the device whose GID is the bootstrap socket's IP, on both ends.
+  "rdmanet ./rdmanet RDMANET_TLS=rc_verbs -test.run=^TestRCVerbs(NetIP|TwoProcess|DeviceForBootstrapIP)$"
+  # Faults with live conns: a QP forced into error (that conn fails, its
+  # peer too, others and the listener go on), and an RDMA device removed
+  # with `rdma link delete` (conns fail, new Dials fall back to TCP,
+  # registrations back to baseline).
+  "rdmanet-faults ./rdmanet RDMANET_TLS=rc_verbs -test.run=^TestRCVerbs(QPError|DeviceRemoved)$"
   # rdmanet's own rc_verbs test expects the first device: rxe0 only.
   "rdmanet-rxe0 ./rdmanet RDMANET_TLS=rc_verbs RDMANET_NET_DEVICES=rxe0:1 -test.run=^TestRCVerbs$"
   "rdmanet-perf ./cmd/rdmanet-perf"
@@ -81,7 +88,7 @@ for t in "${TESTS[@]}"; do
 done
 # Across the veth pair: rxe1 -> rxe2 (two devices, two netdevs).
 run "ib rxe1->rxe2 (veth)" IBTEST_DEV_A=rxe1:1 IBTEST_DEV_B=rxe2:1 ./uct_ib.test -test.v -test.timeout 120s \
-  -test.run 'TestPair|TestForkWithLiveQPs|TestEndpointFailure|TestPendingBeforeConnect|TestAttributes|TestGoMemoryWithPointers'
+  -test.run 'TestPair|TestForkWithLiveQPs|TestEndpointFailure|TestPendingBeforeConnect|TestAttributes|TestGoMemoryWithPointers|TestForcedQPError|TestDeviceGone|TestUseGIDForIP'
 
 if [ "$BENCH" = 1 ]; then
   # perftest on the same devices: server in the background, client in the foreground.
