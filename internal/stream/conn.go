@@ -125,6 +125,7 @@ type Conn struct {
 	pullFn   func()       // c.pullAhead, bound once
 
 	ctlDone     chan struct{}
+	failNoticed atomic.Bool // EndpointFailed sent the reset notice on ctl
 	releaseOnce sync.Once
 
 	bytesRead, bytesWritten     atomic.Uint64

@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -899,19 +900,26 @@ func TestRendezvousSplit(t *testing.T) {
 }
 
 // TestEndpointFailed: an asynchronous endpoint failure reported through
-// Mux.EndpointFailed fails blocked calls at once.
+// Mux.EndpointFailed fails blocked calls at once, and the idle peer's too
+// (the reset notice on the liveness channel), before anyone closes.
 func TestEndpointFailed(t *testing.T) {
 	e := newEnv(t, "self", nil)
 	p := e.pair(t)
 	defer p.close()
 	errc := make(chan error, 1)
+	peerc := make(chan error, 1)
 	go func() {
 		_, err := p.c1.Read(make([]byte, 10))
 		errc <- err
 	}()
+	go func() {
+		_, err := p.c2.Read(make([]byte, 10))
+		peerc <- err
+	}()
 	time.Sleep(10 * time.Millisecond)
 	e.a.mux.EndpointFailed(p.c1.ep, uct.ErrEndpointReset)
-	e.a.mux.EndpointFailed(nil, uct.ErrEndpointReset) // unknown: ignored
+	e.a.mux.EndpointFailed(p.c1.ep, uct.ErrEndpointReset) // again: one notice
+	e.a.mux.EndpointFailed(nil, uct.ErrEndpointReset)     // unknown: ignored
 	select {
 	case err := <-errc:
 		if !errors.Is(err, ErrReset) || !errors.Is(err, uct.ErrEndpointReset) {
@@ -919,6 +927,14 @@ func TestEndpointFailed(t *testing.T) {
 		}
 	case <-time.After(time.Second):
 		t.Fatal("blocked Read not failed")
+	}
+	select {
+	case err := <-peerc:
+		if !errors.Is(err, ErrReset) || !strings.Contains(err.Error(), "by peer") {
+			t.Fatalf("peer read: %v, want a reset by the peer", err)
+		}
+	case <-time.After(time.Second):
+		t.Fatal("the idle peer's blocked Read not failed within 1s of the endpoint failure")
 	}
 }
 

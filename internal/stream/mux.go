@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"sync"
+	"time"
 
 	"github.com/gouct/gouct/uct"
 )
@@ -197,8 +198,22 @@ func (m *Mux) EndpointFailed(ep uct.EP, err error) {
 	if hit != nil {
 		hit.mu.Lock()
 		hit.resetLocked(resetBy(false, rstAbort, fmt.Errorf("endpoint failed: %w", err)), 0)
+		ctl := hit.ctl
+		if hit.released {
+			ctl = nil
+		}
 		hit.mu.Unlock()
 		hit.wakeAll()
+		if ctl != nil && hit.failNoticed.CompareAndSwap(false, true) {
+			// No RST can cross a failed endpoint: tell the peer on the
+			// liveness channel now (an idle peer would otherwise learn only
+			// when the application closes this conn). Not on the worker:
+			// the write may block for up to ctlWriteTime.
+			go func() {
+				ctl.SetWriteDeadline(time.Now().Add(ctlWriteTime))
+				ctl.Write([]byte{noticeReset})
+			}()
+		}
 	}
 }
 
