@@ -110,8 +110,16 @@ func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool, rearm func(
 		if !detach() {
 			return nil, errAborted
 		}
-		rt.Logger(cfg).Info("rdmanet: tcp fallback", "remote", tc.RemoteAddr().String(), "reason", rep.Reason.String(), "detail", rep.Detail)
-		return rt.NewTCPConn(tc, rep.Reason, rep.Detail), nil
+		reason, detail := rep.Reason, rep.Detail
+		if len(h.Cands) == 0 {
+			// Nothing offered: say so when it is because transports this
+			// side allows failed (a removed RDMA device), not the config.
+			if f := r.FailedSummary(cfg); f != "" {
+				reason, detail = wire.ReasonFailed, f
+			}
+		}
+		rt.Logger(cfg).Info("rdmanet: tcp fallback", "remote", tc.RemoteAddr().String(), "reason", reason.String(), "detail", detail)
+		return rt.NewTCPConn(tc, reason, detail), nil
 	case wire.StatusRefused:
 		return nil, refused(cfg, rt.Offered(allowed, tcpOK), rep.Offered, rep.Reason, rep.Detail)
 	}

@@ -103,7 +103,12 @@ func (l *Listener) handshake(c *net.TCPConn) (rt.Conn, error) {
 	}
 	ti, pa, err := choose(usable, peer, bootstrapDevice(usable, c.LocalAddr()))
 	if err != nil {
+		failed := l.rt.FailedSummary(l.cfg)
 		switch {
+		case len(h.Cands) > 0 && !common && failed != "":
+			// What we have in common with the client failed here (a
+			// removed RDMA device), rather than never being configured.
+			return not(wire.ReasonFailed, failed)
 		case len(h.Cands) == 0 && h.Flags&wire.FlagForced != 0:
 			return not(wire.ReasonDisabled, "client's transport list "+h.Asked+" leaves nothing to offer")
 		case !common && l.cfg.TLSForced():

@@ -134,6 +134,22 @@ func (r *Runtime) Allowed(cfg *uct.Config) []*Transport {
 	return out
 }
 
+// FailedSummary names the transports cfg allows whose iface failed for
+// good, with why ("rc_verbs/rxe0:1: device rxe0 removed; ..."), or "" when
+// none did: the detail of a fallback that happened because of them.
+func (r *Runtime) FailedSummary(cfg *uct.Config) string {
+	var parts []string
+	for _, t := range r.Transports {
+		if !cfg.TLAllowed(t.TI.Component, t.TI.Resource.TL) {
+			continue
+		}
+		if err := t.Failed(); err != nil {
+			parts = append(parts, t.Name()+": "+err.Error())
+		}
+	}
+	return strings.Join(parts, "; ")
+}
+
 // failer is implemented by ifaces that can fail for good: an rc_verbs
 // iface whose RDMA device was removed or hit a fatal error.
 type failer interface{ Failed() error }

@@ -155,6 +155,7 @@ const (
 	ReasonConnectError Reason = 5 // creating or connecting the endpoint failed
 	ReasonVersion      Reason = 6 // the peer speaks another wire version
 	ReasonInternal     Reason = 7 // local failure (e.g. out of connection ids)
+	ReasonFailed       Reason = 8 // the transport failed for good (RDMA device removed, fatal error)
 )
 
 var reasonText = [...]string{
@@ -166,6 +167,7 @@ var reasonText = [...]string{
 	ReasonConnectError: "connect error",
 	ReasonVersion:      "wire version mismatch",
 	ReasonInternal:     "internal error",
+	ReasonFailed:       "transport failed",
 }
 
 func (r Reason) String() string {
