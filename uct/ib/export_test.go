@@ -12,3 +12,7 @@ func EPQP(e uct.EP) TestingQP {
 	x := e.(*ep)
 	return TestingQP{Device: x.i.md.name, QPN: x.qpn}
 }
+
+// CheckMD runs one device check (async events, removal), as the ifaces'
+// event goroutines do 5 times a second, for tests.
+func CheckMD(m uct.MD) { m.(*md).check() }

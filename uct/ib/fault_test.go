@@ -149,3 +149,16 @@ func TestDeviceGone(t *testing.T) {
 		t.Errorf("peer CreateEP: %v", err)
 	}
 }
+
+// TestDeviceCheckAllocs: the periodic device check allocates nothing: it
+// runs 5 times a second per iface, also while an application counts its
+// allocations per message (the stream's TestAllocs over rc_verbs).
+func TestDeviceCheckAllocs(t *testing.T) {
+	a, _ := newPair(t)
+	if n := testing.AllocsPerRun(200, func() { ib.CheckMD(a.md) }); n != 0 {
+		t.Errorf("device check: %.1f allocations per run, want 0", n)
+	}
+	if err := a.md.(interface{ Failed() error }).Failed(); err != nil {
+		t.Errorf("device reported failed after checks: %v", err)
+	}
+}

@@ -280,12 +280,11 @@ func (c *Context) DevPath() string { return C.GoString(C.gouct_dev_path(c.p)) }
 // ibv_ack_async_event); on a non-blocking fd without events it returns
 // syscall.EAGAIN. Not safe for concurrent use with Close.
 func (c *Context) GetAsyncEvent() (AsyncEvent, error) {
-	var typ, port C.int
-	var qpn C.uint32_t
-	if rc := C.gouct_get_async_event(c.p, &typ, &qpn, &port); rc != 0 {
-		return AsyncEvent{}, syscall.Errno(-rc)
+	r := int64(C.gouct_get_async_event(c.p))
+	if r < 0 {
+		return AsyncEvent{}, syscall.Errno(-r)
 	}
-	return AsyncEvent{Type: int(typ), QPN: uint32(qpn), Port: int(port)}, nil
+	return AsyncEvent{Type: int(r & 0xff), Port: int(r >> 8 & 0xff), QPN: uint32(r >> 16)}, nil
 }
 
 // EventString names an async event type.

@@ -241,28 +241,30 @@ int gouct_async_fd(struct ibv_context *ctx) { return ctx->async_fd; }
 
 const char *gouct_dev_path(struct ibv_context *ctx) { return ctx->device->dev_path; }
 
-int gouct_get_async_event(struct ibv_context *ctx, int *type, uint32_t *qpn, int *port) {
+/* Packs the event as type | port << 8 | qpn << 16 (no out-pointers: Go
+ * pointers passed to C escape, and the device check runs 5 times a second
+ * without allocating); -errno on error. */
+int64_t gouct_get_async_event(struct ibv_context *ctx) {
 	struct ibv_async_event ev;
 	if (f_get_async_event(ctx, &ev) != 0) return errno ? -errno : -EIO;
-	*type = ev.event_type;
-	*qpn = 0;
-	*port = 0;
+	uint64_t qpn = 0, port = 0;
 	switch (ev.event_type) {
 	case IBV_EVENT_QP_FATAL: case IBV_EVENT_QP_REQ_ERR: case IBV_EVENT_QP_ACCESS_ERR:
 	case IBV_EVENT_COMM_EST: case IBV_EVENT_SQ_DRAINED: case IBV_EVENT_PATH_MIG:
 	case IBV_EVENT_PATH_MIG_ERR: case IBV_EVENT_QP_LAST_WQE_REACHED:
-		*qpn = ev.element.qp->qp_num;
+		qpn = ev.element.qp->qp_num;
 		break;
 	case IBV_EVENT_PORT_ACTIVE: case IBV_EVENT_PORT_ERR: case IBV_EVENT_LID_CHANGE:
 	case IBV_EVENT_PKEY_CHANGE: case IBV_EVENT_SM_CHANGE: case IBV_EVENT_CLIENT_REREGISTER:
 	case IBV_EVENT_GID_CHANGE:
-		*port = ev.element.port_num;
+		port = ev.element.port_num & 0xff;
 		break;
 	default:
 		break;
 	}
+	int64_t r = (int64_t)(((uint64_t)ev.event_type & 0xff) | port << 8 | (qpn & 0xffffffff) << 16);
 	f_ack_async_event(&ev);
-	return 0;
+	return r;
 }
 
 int gouct_qp_state(struct ibv_qp *qp) {

@@ -62,10 +62,11 @@ int gouct_qp_to_err(struct ibv_qp *qp);
 int gouct_qp_state(struct ibv_qp *qp);
 
 // Async events: the context's event fd; gouct_get_async_event reads and
-// acknowledges one event (the QP number or port it names, 0 otherwise) and
-// returns 0 or -errno (-EAGAIN on a non-blocking fd without events).
+// acknowledges one event and returns it packed, type | port << 8 | qpn << 16
+// (the QP number or port it names, 0 otherwise), or -errno (-EAGAIN on a
+// non-blocking fd without events).
 int gouct_async_fd(struct ibv_context *ctx);
-int gouct_get_async_event(struct ibv_context *ctx, int *type, uint32_t *qpn, int *port);
+int64_t gouct_get_async_event(struct ibv_context *ctx);
 // gouct_dev_path is the device's uverbs sysfs directory
 // (/sys/class/infiniband_verbs/uverbsN), owned by the library.
 const char *gouct_dev_path(struct ibv_context *ctx);
