@@ -17,11 +17,14 @@ import (
 // reports the waiting as pressure stall information (/proc/pressure/cpu,
 // "some" total: µs during which at least one runnable task waited for a CPU).
 // Pressure alone is not enough: a niced batch job stalls too, yet takes
-// nothing from us. So the worker and blocked Reads also report how their
-// spins end (the event came, or the budget ran out), and polling stops only
-// while pressure is above Config.SpinPressure and most spins fail; they then
-// park at once and rely on the transports' events, with one spin in
-// probeEvery kept as a probe.
+// nothing from us, and a busy application raises it by itself. So blocked
+// Reads and Writes also report how their spins end (the event came, or the
+// budget ran out: under real contention the peer cannot answer in time),
+// and polling stops only while pressure is above Config.SpinPressure and
+// most spins fail; then they and the worker park at once and rely on the
+// transports' events, with one spin in probeEvery kept as a probe. (The
+// worker's own spins are not counted: one that ends in a park only means
+// the traffic paused.)
 //
 // Sampling is lazy: the first caller after the sample period reads the file
 // (one pread on a descriptor kept open), so an idle process reads nothing.

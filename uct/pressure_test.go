@@ -37,12 +37,14 @@ func TestSpinOffUnderCPUPressure(t *testing.T) {
 	if _, err := os.Stat("/proc/pressure/cpu"); err != nil {
 		t.Skip("no /proc/pressure/cpu on this kernel:", err)
 	}
-	w := NewWorker(nil)
+	if DefaultConfig().SpinPressure != 0 {
+		t.Fatal("the pressure check is opt-in: SpinPressure must default to 0")
+	}
+	cfg10 := DefaultConfig()
+	cfg10.SpinPressure = 10
+	w := NewWorker(cfg10)
 	defer w.Close()
 	pct := w.Config().SpinPressure
-	if pct <= 0 {
-		t.Fatal("SpinPressure default disables the check")
-	}
 	outcomes := func(hit bool) {
 		for i := 0; i < 128; i++ {
 			w.SpinDone(hit)
@@ -95,10 +97,8 @@ func TestSpinOffUnderCPUPressure(t *testing.T) {
 	if lv, miss, off := CPUPressure(); !off || lv <= 0 || miss < 500 {
 		t.Errorf("CPUPressure() = %d, %d, %v under pressure with failing spins", lv, miss, off)
 	}
-	// Disabled: always allowed.
-	cfg := DefaultConfig()
-	cfg.SpinPressure = 0
-	w2 := NewWorker(cfg)
+	// Disabled (the default): always allowed.
+	w2 := NewWorker(nil)
 	defer w2.Close()
 	if !w2.SpinAllowed() {
 		t.Error("SpinPressure=0 still stops polling")

@@ -265,20 +265,15 @@ func (w *Worker) run() {
 	last := nanotime()
 	empty := 0
 	var budget int64
-	spinning := false // a spin episode runs: its outcome is reported once
 	for !w.closing.Load() {
 		if w.Progress() > 0 {
-			if spinning {
-				cpuPressure.spinOutcome(true)
-				spinning = false
-			}
 			empty = 0
 			last = -1
 			continue
 		}
 		if w.pollers.Load() > 0 {
 			w.yieldToPollers(timer)
-			empty, last, spinning = 0, -1, false
+			empty, last = 0, -1
 			continue
 		}
 		empty++
@@ -290,14 +285,9 @@ func (w *Worker) run() {
 		if last < 0 { // the first polls after an event found nothing: spin?
 			last = now
 			budget = w.spinBudget()
-			spinning = budget > 0
 		}
 		if now-last < budget {
 			continue
-		}
-		if spinning {
-			cpuPressure.spinOutcome(false)
-			spinning = false
 		}
 		// Park (lost-wakeup safe): announce sleep, arm every iface (each
 		// re-checks for pending events), then block; a waker that flips
