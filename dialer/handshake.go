@@ -4,8 +4,6 @@ import (
 	"fmt"
 	"net"
 	"os"
-	"sync"
-	"time"
 
 	"github.com/gouct/gouct/internal/rt"
 	"github.com/gouct/gouct/internal/stream"
@@ -194,16 +192,12 @@ func handshake(tc *net.TCPConn, cfg *uct.Config, detach func() bool, rearm func(
 // the IP of a (the bootstrap socket's local address) when ts has an
 // rc_verbs transport, or "" (no rc_verbs transport, loopback or non-IP
 // address, no RDMA device has that IP). It scans the host's RDMA devices
-// (ib.ResourceForIP) at most once per IP and deviceCacheTTL. Safe for
+// (rt.DeviceForAddr, cached). Safe for
 // concurrent use.
 func bootstrapDevice(ts []*rt.Transport, a net.Addr) string {
-	ta, ok := a.(*net.TCPAddr)
-	if !ok || ta.IP == nil || ta.IP.IsLoopback() || ta.IP.IsUnspecified() {
-		return ""
-	}
 	for _, t := range ts {
 		if t.TI.Resource.TL == rcVerbs {
-			return deviceForIP(ta.IP)
+			return rt.DeviceForAddr(a)
 		}
 	}
 	return ""
@@ -293,52 +287,3 @@ type refusedError struct {
 
 func (e *refusedError) Error() string { return e.msg }
 func (e *refusedError) Unwrap() error { return e.sentinel }
-
-// deviceCache remembers which RDMA device has an IP (ib.ResourceForIP opens
-// every device to read its GID table: milliseconds per handshake side,
-// 12-40 ms in the Soft-RoCE VM under -race). Entries expire after
-// deviceCacheTTL, so a GID added or removed is seen within that time;
-// negative answers are cached too (a bootstrap on a netdev without RDMA).
-// At most deviceCacheMax IPs (this host's addresses): full, it starts over.
-var deviceCache = struct {
-	sync.Mutex
-	m map[[16]byte]deviceEntry
-}{m: map[[16]byte]deviceEntry{}}
-
-const (
-	deviceCacheTTL = 10 * time.Second
-	deviceCacheMax = 64
-)
-
-type deviceEntry struct {
-	dev string
-	at  time.Time
-}
-
-// resourceForIP is ib.ResourceForIP; tests replace it.
-var resourceForIP = ib.ResourceForIP
-
-// deviceForIP returns the device whose RoCE v2 GID is ip, or "", through
-// deviceCache. Safe for concurrent use; concurrent misses may both look up.
-func deviceForIP(ip net.IP) string {
-	var k [16]byte
-	copy(k[:], ip.To16())
-	now := time.Now()
-	deviceCache.Lock()
-	e, ok := deviceCache.m[k]
-	deviceCache.Unlock()
-	if ok && now.Sub(e.at) < deviceCacheTTL {
-		return e.dev
-	}
-	dev, _, err := resourceForIP(ip)
-	if err != nil {
-		dev = ""
-	}
-	deviceCache.Lock()
-	if len(deviceCache.m) >= deviceCacheMax {
-		clear(deviceCache.m)
-	}
-	deviceCache.m[k] = deviceEntry{dev: dev, at: now}
-	deviceCache.Unlock()
-	return dev
-}

@@ -5,6 +5,7 @@ import (
 	"net"
 	"testing"
 
+	"github.com/gouct/gouct/internal/rt"
 	"github.com/gouct/gouct/uct"
 )
 
@@ -117,72 +118,19 @@ func TestBootstrapDeviceNoLookup(t *testing.T) {
 	}
 }
 
-// fakeLookup replaces resourceForIP for a test with a table lookup that
-// counts its calls, and empties the cache.
+// fakeLookup replaces the IP -> device lookup behind rt.DeviceForAddr for
+// a test with a table lookup that counts its calls (cache emptied).
 func fakeLookup(t *testing.T, devs map[string]string) *int {
 	t.Helper()
 	calls := new(int)
-	old := resourceForIP
-	resourceForIP = func(ip net.IP) (string, int, error) {
+	t.Cleanup(rt.SetDeviceLookupForTest(func(ip net.IP) (string, int, error) {
 		*calls++
 		if d, ok := devs[ip.String()]; ok {
 			return d, 1, nil
 		}
 		return "", -1, uct.ErrUnavailable
-	}
-	clearCache := func() {
-		deviceCache.Lock()
-		clear(deviceCache.m)
-		deviceCache.Unlock()
-	}
-	clearCache()
-	t.Cleanup(func() { resourceForIP = old; clearCache() })
+	}))
 	return calls
-}
-
-// TestDeviceForIPCache: one device lookup per IP (IPv4 in either form)
-// until the entry expires, negative answers included; the cache stays
-// bounded.
-func TestDeviceForIPCache(t *testing.T) {
-	calls := fakeLookup(t, map[string]string{"10.78.0.1": "rxe1:1"})
-	ip := net.ParseIP("10.78.0.1")
-	for _, x := range []net.IP{ip, ip.To4(), ip} {
-		if d := deviceForIP(x); d != "rxe1:1" {
-			t.Fatalf("deviceForIP(%v) = %q", x, d)
-		}
-	}
-	if *calls != 1 {
-		t.Fatalf("%d lookups for one IP, want 1", *calls)
-	}
-	other := net.ParseIP("192.0.2.1")
-	for range 3 {
-		if d := deviceForIP(other); d != "" {
-			t.Fatalf("deviceForIP(%v) = %q, want none", other, d)
-		}
-	}
-	if *calls != 2 {
-		t.Fatalf("%d lookups, want 2 (a negative answer is cached)", *calls)
-	}
-	// An expired entry is looked up again.
-	var k [16]byte
-	copy(k[:], ip.To16())
-	deviceCache.Lock()
-	e := deviceCache.m[k]
-	e.at = e.at.Add(-deviceCacheTTL)
-	deviceCache.m[k] = e
-	deviceCache.Unlock()
-	if d := deviceForIP(ip); d != "rxe1:1" || *calls != 3 {
-		t.Fatalf("after expiry: %q with %d lookups, want rxe1:1 with 3", d, *calls)
-	}
-	for i := range 3 * deviceCacheMax {
-		deviceForIP(net.IPv4(10, 1, byte(i>>8), byte(i)))
-		deviceCache.Lock()
-		n := len(deviceCache.m)
-		deviceCache.Unlock()
-		if n > deviceCacheMax {
-			t.Fatalf("cache holds %d IPs, max %d", n, deviceCacheMax)
-		}
-	}
 }
 
 // TestBootstrapDevice: the device of the socket's IP when there is an
