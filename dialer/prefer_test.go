@@ -53,63 +53,16 @@ func TestPreferDevice(t *testing.T) {
 	}
 }
 
-// TestBootstrapDeviceNoLookup: addresses no RDMA device can have, and
-// transport lists without rc_verbs, give no device.
-func TestBootstrapDeviceNoLookup(t *testing.T) {
-	calls := fakeLookup(t, map[string]string{"10.77.0.1": "rxe0:1"})
-	rc := []*rt.Transport{tr("rc_verbs", "rxe0:1")}
-	for _, tc := range []struct {
-		name string
-		ts   []*rt.Transport
-		a    net.Addr
-	}{
-		{"loopback", rc, &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: 1}},
-		{"loopback6", rc, &net.TCPAddr{IP: net.IPv6loopback, Port: 1}},
-		{"unspecified", rc, &net.TCPAddr{IP: net.IPv6unspecified, Port: 1}},
-		{"no IP", rc, &net.TCPAddr{Port: 1}},
-		{"unix", rc, &net.UnixAddr{Name: "/x", Net: "unix"}},
-		{"nil", rc, nil},
-		{"no rc_verbs", []*rt.Transport{tr("shm", "memory")}, &net.TCPAddr{IP: net.IPv4(10, 77, 0, 1)}},
-	} {
-		if dev := bootstrapDevice(tc.ts, tc.a); dev != "" {
-			t.Errorf("%s: bootstrapDevice = %q, want none", tc.name, dev)
-		}
-	}
-	if *calls != 0 {
-		t.Errorf("%d device lookups, want none", *calls)
-	}
-}
-
-// fakeLookup replaces the IP -> device lookup behind rt.DeviceForAddr for
-// a test with a table lookup that counts its calls (cache emptied).
-func fakeLookup(t *testing.T, devs map[string]string) *int {
-	t.Helper()
-	calls := new(int)
-	t.Cleanup(rt.SetDeviceLookupForTest(func(ip net.IP) (string, int, error) {
-		*calls++
-		if d, ok := devs[ip.String()]; ok {
-			return d, 1, nil
-		}
-		return "", -1, uct.ErrUnavailable
-	}))
-	return calls
-}
-
 // TestBootstrapDevice: the device of the socket's IP when there is an
-// rc_verbs transport, whatever the IP's form.
+// rc_verbs transport (rt.DeviceForAddr, tested in rt, decides the rest);
+// none, without scanning devices, when there is not.
 func TestBootstrapDevice(t *testing.T) {
-	fakeLookup(t, map[string]string{"10.78.0.1": "rxe1:1", "fe80::1": "rxe1:1"})
-	ts := []*rt.Transport{tr("rc_verbs", "rxe1:1"), tr("shm", "memory")}
-	for _, a := range []*net.TCPAddr{
-		{IP: net.ParseIP("10.78.0.1"), Port: 1},
-		{IP: net.IPv4(10, 78, 0, 1).To4(), Port: 1},
-		{IP: net.ParseIP("fe80::1"), Port: 1, Zone: "rxeveth0"},
-	} {
-		if d := bootstrapDevice(ts, a); d != "rxe1:1" {
-			t.Errorf("bootstrapDevice(%v) = %q, want rxe1:1", a, d)
-		}
+	calls := rt.FakeDevicesForTest(t, map[string]string{"10.78.0.1": "rxe1:1"})
+	a := &net.TCPAddr{IP: net.ParseIP("10.78.0.1"), Port: 1}
+	if d := bootstrapDevice([]*rt.Transport{tr("rc_verbs", "rxe1:1"), tr("shm", "memory")}, a); d != "rxe1:1" {
+		t.Errorf("with rc_verbs: bootstrapDevice = %q, want rxe1:1", d)
 	}
-	if d := bootstrapDevice(ts, &net.TCPAddr{IP: net.ParseIP("10.78.0.2")}); d != "" {
-		t.Errorf("bootstrapDevice(10.78.0.2) = %q, want none", d)
+	if d := bootstrapDevice([]*rt.Transport{tr("shm", "memory")}, a); d != "" || *calls != 1 {
+		t.Errorf("without rc_verbs: bootstrapDevice = %q after %d lookups, want none after 1", d, *calls)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/gouct/gouct/uct"
 	"github.com/gouct/gouct/uct/ib"
 )
 
@@ -85,4 +86,19 @@ func SetDeviceLookupForTest(f func(net.IP) (string, int, error)) (restore func()
 		clear(deviceCache.m)
 		deviceCache.Unlock()
 	}
+}
+
+// FakeDevicesForTest makes DeviceForAddr answer from devs (IP string ->
+// device) for the rest of the test t, counting its lookups in *calls. For
+// tests of the dialer and listener only.
+func FakeDevicesForTest(t interface{ Cleanup(func()) }, devs map[string]string) (calls *int) {
+	calls = new(int)
+	t.Cleanup(SetDeviceLookupForTest(func(ip net.IP) (string, int, error) {
+		*calls++
+		if d, ok := devs[ip.String()]; ok {
+			return d, 1, nil
+		}
+		return "", -1, uct.ErrUnavailable
+	}))
+	return calls
 }
