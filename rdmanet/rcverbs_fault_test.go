@@ -48,26 +48,33 @@ func newQPs(before, after []ib.TestingQP) []ib.TestingQP {
 // echoOnce writes n random bytes on a and checks b reads them, then the
 // same from b to a.
 func echoOnce(a, b net.Conn, n int) error {
-	for _, d := range [][2]net.Conn{{a, b}, {b, a}} {
-		src := make([]byte, n)
-		for i := range src {
-			src[i] = byte(rand.Uint32())
-		}
-		werr := make(chan error, 1)
-		go func() { _, err := d[0].Write(src); werr <- err }()
-		got := make([]byte, n)
-		d[1].SetReadDeadline(time.Now().Add(30 * time.Second))
-		_, err := io.ReadFull(d[1], got)
-		d[1].SetReadDeadline(time.Time{})
-		if err != nil {
-			return fmt.Errorf("read: %w", err)
-		}
-		if err := <-werr; err != nil {
-			return fmt.Errorf("write: %w", err)
-		}
-		if !bytes.Equal(got, src) {
-			return errors.New("echo corrupted")
-		}
+	if err := sendCheck(a, b, n); err != nil {
+		return err
+	}
+	return sendCheck(b, a, n)
+}
+
+// sendCheck writes n random bytes on w (concurrently) and checks that r
+// reads exactly them within 30 s.
+func sendCheck(w, r net.Conn, n int) error {
+	src := make([]byte, n)
+	for i := range src {
+		src[i] = byte(rand.Uint32())
+	}
+	werr := make(chan error, 1)
+	go func() { _, err := w.Write(src); werr <- err }()
+	got := make([]byte, n)
+	r.SetReadDeadline(time.Now().Add(30 * time.Second))
+	_, err := io.ReadFull(r, got)
+	r.SetReadDeadline(time.Time{})
+	if err != nil {
+		return fmt.Errorf("read: %w", err)
+	}
+	if err := <-werr; err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	if !bytes.Equal(got, src) {
+		return errors.New("echo corrupted")
 	}
 	return nil
 }
@@ -489,25 +496,4 @@ func devGoneChild() {
 
 // echoMode writes n random bytes on a conn of serveEcho in mode 'E' and
 // checks the echo.
-func echoMode(c net.Conn, n int) error {
-	src := make([]byte, n)
-	for i := range src {
-		src[i] = byte(rand.Uint32())
-	}
-	werr := make(chan error, 1)
-	go func() { _, err := c.Write(src); werr <- err }()
-	got := make([]byte, n)
-	c.SetReadDeadline(time.Now().Add(30 * time.Second))
-	_, err := io.ReadFull(c, got)
-	c.SetReadDeadline(time.Time{})
-	if err != nil {
-		return fmt.Errorf("read: %w", err)
-	}
-	if err := <-werr; err != nil {
-		return fmt.Errorf("write: %w", err)
-	}
-	if !bytes.Equal(got, src) {
-		return errors.New("echo corrupted")
-	}
-	return nil
-}
+func echoMode(c net.Conn, n int) error { return sendCheck(c, c, n) }
