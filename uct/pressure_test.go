@@ -104,3 +104,84 @@ func TestSpinOffUnderCPUPressure(t *testing.T) {
 		t.Error("SpinPressure=0 still stops polling")
 	}
 }
+
+// TestSpinPolicy: the decision itself, with the pressure and the miss rate
+// set by hand (the hog test above needs a kernel with PSI): polling stops
+// only when both are high, the worker of an iface with MinSpin keeps its
+// spin, and probes are granted one in probeEvery.
+func TestSpinPolicy(t *testing.T) {
+	p := &cpuPressure
+	saveHigh, saveMiss, saveNext := p.high.Load(), p.missRate.Load(), p.next.Load()
+	defer func() { p.high.Store(saveHigh); p.missRate.Store(saveMiss); p.next.Store(saveNext) }()
+	p.next.Store(nanotime() + int64(time.Hour)) // no sampling during the test
+
+	cfg := DefaultConfig()
+	cfg.SpinPressure = 10
+	plain := NewWorker(cfg)
+	defer plain.Close()
+	// Parked, its loop asks nothing more (its own spinBudget calls would
+	// consume probes the test counts).
+	waitFor(t, "the worker to park", func() bool { return plain.Sleeps.Load() > 0 })
+	soft := NewWorker(cfg)
+	defer soft.Close()
+	f := &minSpinIface{}
+	soft.Add(f)
+	defer soft.Remove(f)
+
+	for _, c := range []struct {
+		high      bool
+		miss      int64
+		allowed   bool
+		plainSpin bool
+	}{
+		{false, 0, true, true},
+		{false, 1000, true, true}, // spins fail, but the CPUs are free
+		{true, 0, true, true},     // pressure, but spins succeed
+		{true, 1000, false, false},
+	} {
+		p.high.Store(c.high)
+		p.missRate.Store(c.miss)
+		allowed := 0
+		for i := 0; i < probeEvery; i++ {
+			if plain.SpinAllowed() {
+				allowed++
+			}
+		}
+		if c.allowed && allowed != probeEvery || !c.allowed && allowed != 1 {
+			t.Errorf("high %v miss %d: %d of %d spins allowed", c.high, c.miss, allowed, probeEvery)
+		}
+		zero := 0
+		for i := 0; i < probeEvery; i++ {
+			if plain.spinBudget() == 0 {
+				zero++
+			}
+		}
+		if c.plainSpin && zero != 0 || !c.plainSpin && zero != probeEvery-1 {
+			t.Errorf("high %v miss %d: worker budget 0 in %d of %d episodes", c.high, c.miss, zero, probeEvery)
+		}
+		if soft.spinBudget() == 0 {
+			t.Errorf("high %v miss %d: the worker of a MinSpin iface stopped spinning", c.high, c.miss)
+		}
+	}
+	// Outcomes move the miss rate both ways.
+	p.missRate.Store(0)
+	for i := 0; i < 64; i++ {
+		plain.SpinDone(false)
+	}
+	if m := p.missRate.Load(); m < 900 {
+		t.Errorf("miss rate %d‰ after 64 misses", m)
+	}
+	for i := 0; i < 64; i++ {
+		plain.SpinDone(true)
+	}
+	if m := p.missRate.Load(); m > 100 {
+		t.Errorf("miss rate %d‰ after 64 hits", m)
+	}
+}
+
+// minSpinIface is an idle iface that asks waiters to poll (Soft-RoCE-like).
+type minSpinIface struct{ Iface }
+
+func (*minSpinIface) Attr() IfaceAttr { return IfaceAttr{MinSpin: 500e-6} }
+func (*minSpinIface) Progress() int   { return 0 }
+func (*minSpinIface) Arm() bool       { return true }
