@@ -133,7 +133,8 @@ func (w *Worker) BeginPoll() { w.pollers.Add(1) }
 // last poller to stop then hands progress back to the worker at once (a
 // Wake). A poller that stops because its data arrived does not wake it (the
 // wake-up would cost the round trip a futex call and a CPU): the parked
-// worker looks again within its spin budget, by which time a ping-pong
+// worker looks again when its timer fires (one spin budget at first,
+// doubling to 1 ms while pollers keep polling), by which time a ping-pong
 // reader polls again.
 func (w *Worker) EndPoll(blocking bool) {
 	if w.pollers.Add(-1) == 0 && blocking {
