@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -325,6 +326,13 @@ func startServerAs(t testing.TB, role string) *peer {
 // sides report and sends the mode byte.
 func dialEcho(t testing.TB, network, addr string, c *rdmanet.Config, mode byte, want string) net.Conn {
 	t.Helper()
+	return dialEchoAs(t, network, addr, c, mode, fmt.Sprintf("%q", want), func(tr string) bool { return tr == want })
+}
+
+// dialEchoAs is dialEcho with the check of the transport (which both sides
+// must report alike) given as ok, described by wantDesc.
+func dialEchoAs(t testing.TB, network, addr string, c *rdmanet.Config, mode byte, wantDesc string, ok func(string) bool) net.Conn {
+	t.Helper()
 	var conn net.Conn
 	var err error
 	if network == "tcp" {
@@ -348,11 +356,55 @@ func dialEcho(t testing.TB, network, addr string, c *rdmanet.Config, mode byte, 
 	if rc, ok := conn.(rdmanet.Conn); ok {
 		local = rc.Transport()
 	}
-	if string(name) != want || local != want {
-		t.Fatalf("transport: server %q, client %q; want %q", name, local, want)
+	if string(name) != local || !ok(local) {
+		t.Fatalf("transport: server %q, client %q; want %s", name, local, wantDesc)
 	}
 	if _, err := conn.Write([]byte{mode}); err != nil {
 		t.Fatal(err)
 	}
 	return conn
+}
+
+// grpcHealth runs n health Checks and one Watch on addr, dialing through d,
+// within timeout, and returns the transports of the conns gRPC dialed.
+func grpcHealth(t *testing.T, addr string, d *rdmanet.Dialer, creds credentials.TransportCredentials, n int, timeout time.Duration) []string {
+	t.Helper()
+	var mu sync.Mutex
+	var got []string
+	dial := func(ctx context.Context, a string) (net.Conn, error) {
+		c, err := d.DialContext(ctx, "rdma", a)
+		if err == nil {
+			mu.Lock()
+			got = append(got, c.(rdmanet.Conn).Transport())
+			mu.Unlock()
+		}
+		return c, err
+	}
+	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithContextDialer(dial), grpc.WithTransportCredentials(creds))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	hc := healthpb.NewHealthClient(cc)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	for i := 0; i < n; i++ {
+		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
+		if err != nil {
+			t.Fatalf("check %d: %v", i, err)
+		}
+		if r.Status != healthpb.HealthCheckResponse_SERVING {
+			t.Fatalf("status %v", r.Status)
+		}
+	}
+	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r, err := w.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
+		t.Fatalf("watch: %v, %v", r, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	return slices.Clone(got)
 }

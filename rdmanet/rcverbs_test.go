@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -154,44 +153,8 @@ func TestRCVerbsTwoProcess(t *testing.T) {
 // grpcOverRC runs health Check and Watch on addr through rdmanet with c and
 // checks that every conn gRPC dialed runs on rc_verbs.
 func grpcOverRC(t *testing.T, addr string, c *rdmanet.Config, creds credentials.TransportCredentials) {
-	var mu sync.Mutex
-	var got []string
 	d := &rdmanet.Dialer{Config: c, Timeout: 10 * time.Second}
-	dial := func(ctx context.Context, a string) (net.Conn, error) {
-		conn, err := d.DialContext(ctx, "rdma", a)
-		if err == nil {
-			mu.Lock()
-			got = append(got, conn.(rdmanet.Conn).Transport())
-			mu.Unlock()
-		}
-		return conn, err
-	}
-	cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithContextDialer(dial), grpc.WithTransportCredentials(creds))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cc.Close()
-	hc := healthpb.NewHealthClient(cc)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	for i := 0; i < 50; i++ {
-		r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
-		if err != nil {
-			t.Fatalf("check %d: %v", i, err)
-		}
-		if r.Status != healthpb.HealthCheckResponse_SERVING {
-			t.Fatalf("status %v", r.Status)
-		}
-	}
-	w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if r, err := w.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
-		t.Fatalf("watch: %v, %v", r, err)
-	}
-	mu.Lock()
-	defer mu.Unlock()
+	got := grpcHealth(t, addr, d, creds, 50, 30*time.Second)
 	if len(got) == 0 {
 		t.Fatal("gRPC dialed no conn")
 	}
@@ -206,38 +169,9 @@ func grpcOverRC(t *testing.T, addr string, c *rdmanet.Config, creds credentials.
 // both sides run on the same rc_verbs device (network "rdma") or on TCP.
 func dialEchoRC(t testing.TB, network, addr string, c *rdmanet.Config, mode byte) net.Conn {
 	t.Helper()
-	var conn net.Conn
-	var err error
-	if network == "tcp" {
-		conn, err = net.Dial("tcp", addr)
-	} else {
-		d := rdmanet.Dialer{Config: c, Timeout: 10 * time.Second}
-		conn, err = d.Dial("rdma", addr)
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	var n [1]byte
-	if _, err := io.ReadFull(conn, n[:]); err != nil {
-		t.Fatal(err)
-	}
-	name := make([]byte, n[0])
-	if _, err := io.ReadFull(conn, name); err != nil {
-		t.Fatal(err)
-	}
-	local := "tcp"
-	if rc, ok := conn.(rdmanet.Conn); ok {
-		local = rc.Transport()
-	}
 	want := "tcp"
 	if network == "rdma" {
 		want = "rc_verbs/"
 	}
-	if !strings.HasPrefix(local, want) || string(name) != local {
-		t.Fatalf("transport: server %q, client %q; want %s on both", name, local, want)
-	}
-	if _, err := conn.Write([]byte{mode}); err != nil {
-		t.Fatal(err)
-	}
-	return conn
+	return dialEchoAs(t, network, addr, c, mode, want+" on both", func(tr string) bool { return strings.HasPrefix(tr, want) })
 }

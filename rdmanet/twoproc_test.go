@@ -15,7 +15,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -210,44 +209,7 @@ func TestPeerKill(t *testing.T) {
 func TestGRPC(t *testing.T) {
 	cert, pool := testCert(t)
 	check := func(t *testing.T, addr string, d *rdmanet.Dialer, creds credentials.TransportCredentials, want string) {
-		var mu sync.Mutex
-		var got []string
-		dial := func(ctx context.Context, a string) (net.Conn, error) {
-			c, err := d.DialContext(ctx, "rdma", a)
-			if err == nil {
-				mu.Lock()
-				got = append(got, c.(rdmanet.Conn).Transport())
-				mu.Unlock()
-			}
-			return c, err
-		}
-		cc, err := grpc.NewClient("passthrough:///"+addr, grpc.WithContextDialer(dial), grpc.WithTransportCredentials(creds))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cc.Close()
-		hc := healthpb.NewHealthClient(cc)
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		for i := 0; i < 20; i++ {
-			r, err := hc.Check(ctx, &healthpb.HealthCheckRequest{})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if r.Status != healthpb.HealthCheckResponse_SERVING {
-				t.Fatalf("status %v", r.Status)
-			}
-		}
-		w, err := hc.Watch(ctx, &healthpb.HealthCheckRequest{})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if r, err := w.Recv(); err != nil || r.Status != healthpb.HealthCheckResponse_SERVING {
-			t.Fatalf("watch: %v, %v", r, err)
-		}
-		mu.Lock()
-		defer mu.Unlock()
-		if len(got) == 0 || got[0] != want {
+		if got := grpcHealth(t, addr, d, creds, 20, 10*time.Second); len(got) == 0 || got[0] != want {
 			t.Errorf("grpc conns on %v, want %s", got, want)
 		}
 	}

@@ -2,7 +2,6 @@ package rdmanet_test
 
 import (
 	"net"
-	"os"
 	"strings"
 	"testing"
 
@@ -17,17 +16,7 @@ import (
 // process. It skips on hosts without an RDMA port and fails in the
 // Soft-RoCE VM (RXEVM=1) when rc_verbs is missing.
 func TestRCVerbs(t *testing.T) {
-	c := cfg("rc_verbs")
-	resolved, err := rt.Resolve(c)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(rt.Get(resolved).Allowed(resolved)) == 0 {
-		if os.Getenv("RXEVM") == "1" {
-			t.Fatalf("RXEVM=1 but no rc_verbs transport: %v", rt.Get(resolved).Skipped)
-		}
-		t.Skip("no rc_verbs transport on this host")
-	}
+	c := rcVerbsConfig(t)
 	t.Run("nettest", func(t *testing.T) {
 		nettest.TestConn(t, func() (net.Conn, net.Conn, func(), error) {
 			l := listen(t, c)
