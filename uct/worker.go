@@ -151,8 +151,13 @@ func (w *Worker) EndPoll(blocking bool) {
 func (w *Worker) SpinAllowed() bool { return cpuPressure.allowSpin(w.cfg.SpinPressure) }
 
 // SpinDone reports how a spin allowed by SpinAllowed ended: hit when its
-// event arrived while it polled.
-func (w *Worker) SpinDone(hit bool) { cpuPressure.spinOutcome(hit) }
+// event arrived while it polled. Without Config.SpinPressure nothing reads
+// the outcome, and nothing is recorded (no shared write per wait).
+func (w *Worker) SpinDone(hit bool) {
+	if w.cfg.SpinPressure > 0 {
+		cpuPressure.spinOutcome(hit)
+	}
+}
 
 // Progress polls every iface once under the progress lock and returns the
 // number of events handled.
