@@ -179,9 +179,12 @@ type iface struct {
 	armScratch  []*ep // Arm only
 	pendTimer   *time.Timer
 	// A reserved element that stays unpublished (checkStuck): its ticket,
-	// since when (progress lock only), and a timer re-polling while parked.
+	// since when and polls of it (progress lock only), and a timer
+	// re-polling while parked, which also asks for a clock reading.
 	stuckT        uint64
 	stuckAt       time.Time
+	stuckPolls    uint32
+	stuckDue      atomic.Bool
 	stuckTimer    *time.Timer
 	deadProducers atomic.Uint64
 	backoff       atomic.Int64 // ns before the timer re-polls a full peer FIFO
@@ -229,7 +232,7 @@ func newIface(m *md, w *uct.Worker, p uct.IfaceParams) (*iface, error) {
 	i.backoff.Store(int64(minBackoff))
 	i.pendTimer = time.AfterFunc(time.Hour, w.Wake)
 	i.pendTimer.Stop()
-	i.stuckTimer = time.AfterFunc(time.Hour, w.Wake)
+	i.stuckTimer = time.AfterFunc(time.Hour, func() { i.stuckDue.Store(true); w.Wake() })
 	i.stuckTimer.Stop()
 	go i.doorbell()
 	localMu.Lock()
@@ -412,12 +415,22 @@ const stuckAfter = 20 * time.Millisecond
 
 // checkStuck handles ticket t reserved but not published: after stuckAfter
 // (and then at most every stuckAfter) it checks the reserving process, and
-// pads the element when that process is dead (fifo.go "Dead producers").
-// It returns 1 when it padded the element. Worker only.
+// pads the element if that process is gone. The common case is a producer
+// in the middle of its copy, polled by a spinning consumer, so the clock is
+// read only every stuckClockPolls polls of the same ticket, or when the
+// stuck timer of a parked worker fired.
 func (i *iface) checkStuck(t uint64) int {
+	if i.stuckT != t {
+		i.stuckT, i.stuckAt, i.stuckPolls = t, time.Time{}, 0
+	}
+	i.stuckPolls++
+	if i.stuckPolls%stuckClockPolls != 0 && !i.stuckDue.Load() {
+		return 0
+	}
+	i.stuckDue.Store(false)
 	now := time.Now()
-	if i.stuckT != t || i.stuckAt.IsZero() {
-		i.stuckT, i.stuckAt = t, now
+	if i.stuckAt.IsZero() {
+		i.stuckAt = now
 		return 0
 	}
 	if now.Sub(i.stuckAt) < stuckAfter {
@@ -431,6 +444,10 @@ func (i *iface) checkStuck(t uint64) int {
 	i.rx.publish(t, 0, flagPad, 0)
 	return 1
 }
+
+// stuckClockPolls: polls of one unpublished ticket between clock readings
+// (a poll takes tens of nanoseconds; a reading as much).
+const stuckClockPolls = 256
 
 // ringRoom wakes the producer iface (pid, nonce) that waits for room in
 // our FIFO: directly when it is in this process, else through its doorbell
