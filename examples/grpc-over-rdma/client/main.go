@@ -47,6 +47,7 @@ func main() {
 	size := flag.Int("size", 1024, "unary payload bytes")
 	streamBytes := flag.Int64("stream-bytes", 512<<20, "bytes the server streams back")
 	chunk := flag.Int("chunk", 1<<20, "streaming chunk bytes")
+	baselineOnly := flag.Bool("baseline-only", false, "run only the plain TCP calls at -tcp-addr (to profile the baseline alone)")
 	flag.Parse()
 	log.SetFlags(0)
 	log.SetPrefix("client: ")
@@ -62,6 +63,20 @@ func main() {
 		creds = credentials.NewTLS(cfg)
 	}
 
+	tcpDial := grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
+		return (&net.Dialer{}).DialContext(ctx, "tcp", a)
+	})
+	if *baselineOnly {
+		if *tcpAddr == "" {
+			log.Fatal("-baseline-only needs -tcp-addr")
+		}
+		b, err := bench(*tcpAddr, creds, tcpDial, *calls, *size, *streamBytes, *chunk)
+		if err != nil {
+			log.Fatalf("tcp baseline: %v", err)
+		}
+		printTable("grpc over tcp", b, nil, *size, *chunk)
+		return
+	}
 	var seen atomic.Value
 	rdmaDial := func(ctx context.Context, a string) (net.Conn, error) {
 		c, err := dialer.GRPC()(ctx, a)
@@ -82,15 +97,13 @@ func main() {
 	fmt.Printf("connection to %s: transport %s (server side: %s)\n", *addr, r.local, r.transport)
 	var base *result
 	if *tcpAddr != "" {
-		b, err := bench(*tcpAddr, creds, grpc.WithContextDialer(func(ctx context.Context, a string) (net.Conn, error) {
-			return (&net.Dialer{}).DialContext(ctx, "tcp", a)
-		}), *calls, *size, *streamBytes, *chunk)
+		b, err := bench(*tcpAddr, creds, tcpDial, *calls, *size, *streamBytes, *chunk)
 		if err != nil {
 			log.Fatalf("tcp baseline: %v", err)
 		}
 		base = &b
 	}
-	printTable(r, base, *size, *chunk)
+	printTable("rdmanet ("+r.local+")", r, base, *size, *chunk)
 }
 
 func bench(addr string, creds credentials.TransportCredentials, dial grpc.DialOption, calls, size int, streamBytes int64, chunk int) (result, error) {
@@ -148,10 +161,9 @@ func bench(addr string, creds credentials.TransportCredentials, dial grpc.DialOp
 	return res, nil
 }
 
-func printTable(r result, base *result, size, chunk int) {
+func printTable(name string, r result, base *result, size, chunk int) {
 	us := func(d time.Duration) string { return fmt.Sprintf("%.1f µs", float64(d)/1e3) }
 	mbs := func(v float64) string { return fmt.Sprintf("%.0f MB/s", v/1e6) }
-	name := "rdmanet (" + r.local + ")"
 	if base == nil {
 		fmt.Printf("%-28s %16s\n", "", name)
 		fmt.Printf("%-28s %16s\n", fmt.Sprintf("unary %d B p50", size), us(r.p50))
