@@ -173,7 +173,8 @@ if [ "$BENCH" = 1 ]; then
     fi
     echo "(perftest: ib_send_lat -s 8 t_typical/t_avg x2, ib_write_bw -s 65536 BW average;"
     echo " gouct: BenchmarkAMPingPong8 p50/mean, BenchmarkPutBW64K, BenchmarkAMZcopyBW64K;"
-    [ "$conn" = 1 ] && echo " Conn: rdmanet BenchmarkRCVerbsEchoRTT64/rc_verbs p50, BenchmarkRCVerbsStream1MiB/rc_verbs, two processes)"
+    [ "$conn" = 1 ] && echo " Conn: rdmanet BenchmarkRCVerbsEchoRTT64/rc_verbs p50, BenchmarkRCVerbsStream1MiB/rc_verbs, two processes;"
+    echo " round trips timed with the CPU's time-stamp counter on both sides, as perftest does)"
     echo
     if [ "$STRICT" = 1 ]; then
       local vs=("$(verdict "$r1" le 2.0)" "$(verdict "$r3" ge 0.6)" "$(verdict "$r4" ge 0.6)")
