@@ -314,6 +314,13 @@ func (c *Conn) wait(wake chan struct{}, dl, done <-chan struct{}) {
 		if hit || expired {
 			w.SpinDone(hit)
 		}
+		if hit { // take the token without a three-way select (callers re-check)
+			select {
+			case <-wake:
+			default:
+			}
+			return
+		}
 	}
 	select {
 	case <-wake:
