@@ -415,10 +415,11 @@ const stuckAfter = 20 * time.Millisecond
 
 // checkStuck handles ticket t reserved but not published: after stuckAfter
 // (and then at most every stuckAfter) it checks the reserving process, and
-// pads the element if that process is gone. The common case is a producer
-// in the middle of its copy, polled by a spinning consumer, so the clock is
-// read only every stuckClockPolls polls of the same ticket, or when the
-// stuck timer of a parked worker fired.
+// pads the element when that process is dead (fifo.go "Dead producers").
+// It returns 1 when it padded the element. Worker only. The common case is
+// a producer in the middle of its copy, polled by a spinning consumer, so
+// the clock is read only every stuckClockPolls polls of the same ticket, or
+// when the stuck timer of a parked worker fired.
 func (i *iface) checkStuck(t uint64) int {
 	if i.stuckT != t {
 		i.stuckT, i.stuckAt, i.stuckPolls = t, time.Time{}, 0
