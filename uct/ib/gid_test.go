@@ -5,7 +5,6 @@ import (
 	"net"
 	"testing"
 
-	"github.com/gouct/gouct/uct"
 	"github.com/gouct/gouct/uct/ib"
 )
 
@@ -51,15 +50,7 @@ func TestUseGIDForIP(t *testing.T) {
 		}
 	}
 	ipA, ipB := linkLocalOf(t, "10.78.0.1"), linkLocalOf(t, "10.78.0.2")
-	a, b := openEnd(t, devs[0]), openEnd(t, devs[1])
-	t.Cleanup(func() { a.close(t); b.close(t) })
-	var err error
-	if a.ep, err = a.iface.CreateEP(uct.EPParams{}); err != nil {
-		t.Fatal(err)
-	}
-	if b.ep, err = b.iface.CreateEP(uct.EPParams{}); err != nil {
-		t.Fatal(err)
-	}
+	a, b := openEPs(t, devs[0], devs[1])
 	if ib.UseGIDForIP(a.ep, net.ParseIP("192.0.2.1")) || ib.UseGIDForIP(a.ep, ipB) {
 		t.Fatal("UseGIDForIP took an IP its port does not have")
 	}
@@ -74,12 +65,7 @@ func TestUseGIDForIP(t *testing.T) {
 	if bytes.Equal(a.iface.DeviceAddress()[3:], aa[8:24]) {
 		t.Fatalf("the port's GID is already %v: nothing tested", ipA)
 	}
-	if err := a.ep.ConnectToEP(b.iface.DeviceAddress(), ba); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.ep.ConnectToEP(a.iface.DeviceAddress(), aa); err != nil {
-		t.Fatal(err)
-	}
+	connectEPs(t, a, b)
 	if ib.UseGIDForIP(a.ep, ipA) {
 		t.Error("UseGIDForIP changed a connected endpoint")
 	}

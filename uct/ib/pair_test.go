@@ -84,7 +84,19 @@ func (e *end) close(t testing.TB) {
 func newPair(t testing.TB) (a, b *end) {
 	t.Helper()
 	needRDMA(t)
-	a, b = openEnd(t, devA()), openEnd(t, devB())
+	a, b = openEPs(t, devA(), devB())
+	if !a.iface.IsReachable(b.iface.DeviceAddress(), b.iface.IfaceAddress()) {
+		t.Fatalf("%s cannot reach %s", devA(), devB())
+	}
+	connectEPs(t, a, b)
+	return a, b
+}
+
+// openEPs opens an end on each device, closed at cleanup, each with an
+// endpoint not yet connected.
+func openEPs(t testing.TB, devA, devB string) (a, b *end) {
+	t.Helper()
+	a, b = openEnd(t, devA), openEnd(t, devB)
 	t.Cleanup(func() { a.close(t); b.close(t) })
 	var err error
 	if a.ep, err = a.iface.CreateEP(uct.EPParams{}); err != nil {
@@ -93,18 +105,20 @@ func newPair(t testing.TB) (a, b *end) {
 	if b.ep, err = b.iface.CreateEP(uct.EPParams{}); err != nil {
 		t.Fatal(err)
 	}
+	return a, b
+}
+
+// connectEPs connects a's endpoint to b's and b's to a's.
+func connectEPs(t testing.TB, a, b *end) {
+	t.Helper()
 	aa, _ := a.ep.Address()
 	ba, _ := b.ep.Address()
-	if !a.iface.IsReachable(b.iface.DeviceAddress(), b.iface.IfaceAddress()) {
-		t.Fatalf("%s cannot reach %s", devA(), devB())
-	}
 	if err := a.ep.ConnectToEP(b.iface.DeviceAddress(), ba); err != nil {
 		t.Fatal(err)
 	}
 	if err := b.ep.ConnectToEP(a.iface.DeviceAddress(), aa); err != nil {
 		t.Fatal(err)
 	}
-	return a, b
 }
 
 // inbox collects AMs for a test.
